@@ -1,0 +1,1 @@
+//! Kinference's Kubernetes resources, the upstream InferencePool, and the inference discovery API.

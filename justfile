@@ -1,0 +1,60 @@
+# Kinference's recipes. `just --list` shows them.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+default:
+    @just --list
+
+# Build everything (debug).
+build:
+    cargo build --workspace --all-targets
+
+# Run the whole test suite (the README's test command).
+test:
+    cargo nextest run --workspace
+
+# Formatting and lints, as CI would want them.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+
+# Format the code.
+fmt:
+    cargo fmt --all
+
+# Criterion benchmarks of the pure crates (results go to docs/benchmarks/ by hand, with the command).
+bench:
+    cargo bench -p kinference-sim
+    cargo bench -p kinference-routing
+    cargo bench -p kinference-classify
+
+# Run a simulated vLLM fleet on loopback: two glm-5.3 and two qwen-3.6-27b replicas.
+sim *ARGS:
+    cargo run --release -p kinference-vllm-sim --bin vllm-sim -- fleet --replicas glm-5.3=2,qwen-3.6-27b=2 --base-port 8001 {{ARGS}}
+
+# Run one simulated replica.
+sim-one PROFILE="qwen-3.6-27b" PORT="8001" *ARGS:
+    cargo run --release -p kinference-vllm-sim --bin vllm-sim -- serve --profile {{PROFILE}} --port {{PORT}} {{ARGS}}
+
+# Regenerate the simulator's curves (TTFT against prompt length, throughput against concurrency).
+sim-curves:
+    mkdir -p target/sim-curves
+    cargo run --release -p kinference-sim --bin sim-curves > target/sim-curves/curves.csv
+    python3 scripts/plot_sim_curves.py target/sim-curves/curves.csv docs/benchmarks/sim-engine
+
+# Regenerate the CRD YAML in charts/ from the Rust types.
+crds:
+    cargo run -p kinference-api --bin kinference-crdgen
+
+# Retrain the complexity classifier from ../shared/classify (fixed split).
+classify-train:
+    cargo run --release -p kinference-classify --bin kinference-classify-train -- --data ../shared/classify --out proxy/classify/model/complexity-v1.json
+
+# Evaluate the complexity classifier on the held-out split; writes docs/benchmarks/classification.md.
+classify-eval:
+    cargo run --release -p kinference-classify --bin kinference-classify-eval -- --data ../shared/classify
+    python3 scripts/plot_classify.py docs/benchmarks/classification
+
+# Run the policy controller on the example manifests.
+controller:
+    cargo run -p kinference-policy-controller -- --manifests examples --grpc-addr 127.0.0.1:8090 --admin-addr 127.0.0.1:9990

@@ -1,0 +1,1 @@
+//! The policy controller's pure index: resources in, outbound and inference policy out.

@@ -1,0 +1,1 @@
+//! Watches resources, serves policy over gRPC, validates at admission.

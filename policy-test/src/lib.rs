@@ -1,0 +1,1 @@
+//! Scenario tests: manifests in, discovery API out.

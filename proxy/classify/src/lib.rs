@@ -1,0 +1,1 @@
+//! Prompt classification: complexity, detectors, rules, exemplars.
