@@ -1,1 +1,188 @@
 //! Scenario tests: manifests in, discovery API out.
+//!
+//! These helpers start the real `kinference-policy-controller` binary on a temporary
+//! copy of a manifest directory, connect gRPC clients to it, and change files the way a
+//! user would, so the scenarios in `tests/` exercise every layer a proxy depends on.
+
+use anyhow::{Context as _, bail};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::OnceLock,
+    time::Duration,
+};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+};
+use tokio_stream::{Stream, StreamExt};
+
+/// How long any one expected event may take before a scenario fails. Generous: it bounds
+/// a hang, it does not measure speed.
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The repository's example manifests, the local scenario of ARCHITECTURE.md.
+pub fn examples_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+/// Builds the controller binary once per test process and returns its path.
+fn controller_binary() -> anyhow::Result<PathBuf> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(path) = std::env::var("KINFERENCE_POLICY_CONTROLLER") {
+            return Ok(PathBuf::from(path));
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "--quiet", "-p", "kinference-policy-controller"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .map_err(|e| format!("running cargo build: {e}"))?;
+        if !status.success() {
+            return Err(format!("cargo build failed: {status}"));
+        }
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        // target/<profile>/deps/<test> -> target/<profile>/kinference-policy-controller
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .ok_or("unexpected test binary location")?;
+        Ok(dir.join("kinference-policy-controller"))
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+/// A running controller on its own manifest directory.
+#[derive(Debug)]
+pub struct Controller {
+    child: Child,
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Controller {
+    /// Copies `manifests` to a temporary directory and starts the controller on it.
+    pub async fn start(manifests: &Path) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        for entry in std::fs::read_dir(manifests)
+            .with_context(|| format!("reading {}", manifests.display()))?
+        {
+            let path = entry?.path();
+            if path.is_file() {
+                if let Some(name) = path.file_name() {
+                    std::fs::copy(&path, dir.path().join(name))?;
+                }
+            }
+        }
+        let mut child = Command::new(controller_binary()?)
+            .arg("--manifests")
+            .arg(dir.path())
+            .args([
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--admin-addr",
+                "127.0.0.1:0",
+                "--debounce-ms",
+                "20",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the controller")?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(EVENT_TIMEOUT, lines.next_line())
+            .await
+            .context("the controller did not print its addresses")??
+            .context("the controller exited before printing its addresses")?;
+        let field = |name: &str| -> anyhow::Result<SocketAddr> {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(name))
+                .with_context(|| format!("no {name} in {line:?}"))?
+                .parse()
+                .with_context(|| format!("bad {name} in {line:?}"))
+        };
+        let grpc_addr = field("grpc=")?;
+        let admin_addr = field("admin=")?;
+        // Keep reading stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Self {
+            child,
+            grpc_addr,
+            admin_addr,
+            dir,
+        })
+    }
+
+    pub fn manifest_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes a manifest file atomically (write, then rename), as a careful tool would.
+    pub fn write(&self, name: &str, contents: &str) -> anyhow::Result<()> {
+        let tmp = self.dir.path().join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, contents)?;
+        std::fs::rename(&tmp, self.dir.path().join(name))?;
+        Ok(())
+    }
+
+    pub fn read(&self, name: &str) -> anyhow::Result<String> {
+        Ok(std::fs::read_to_string(self.dir.path().join(name))?)
+    }
+
+    pub fn remove(&self, name: &str) -> anyhow::Result<()> {
+        Ok(std::fs::remove_file(self.dir.path().join(name))?)
+    }
+
+    pub async fn channel(&self) -> anyhow::Result<tonic::transport::Channel> {
+        Ok(
+            tonic::transport::Endpoint::from_shared(format!("http://{}", self.grpc_addr))?
+                .connect()
+                .await?,
+        )
+    }
+
+    /// GETs an admin path, returning the status and body.
+    pub async fn admin_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let rsp = reqwest::get(format!("http://{}{path}", self.admin_addr)).await?;
+        let status = rsp.status().as_u16();
+        Ok((status, rsp.text().await?))
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+/// Waits for the first item of `stream` that satisfies `pred`, failing after
+/// [`EVENT_TIMEOUT`]. Items before it are returned too, for assertions about what was
+/// (not) sent on the way.
+pub async fn next_matching<T, S>(
+    stream: &mut S,
+    what: &str,
+    mut pred: impl FnMut(&T) -> bool,
+) -> anyhow::Result<(T, Vec<T>)>
+where
+    S: Stream<Item = Result<T, tonic::Status>> + Unpin,
+    T: std::fmt::Debug,
+{
+    let mut skipped = Vec::new();
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    loop {
+        let item = match tokio::time::timeout_at(deadline, stream.next()).await {
+            Ok(Some(item)) => item?,
+            Ok(None) => bail!("stream ended while waiting for {what}; saw {skipped:#?}"),
+            Err(_) => bail!("timed out waiting for {what}; saw {skipped:#?}"),
+        };
+        if pred(&item) {
+            return Ok((item, skipped));
+        }
+        skipped.push(item);
+    }
+}

@@ -17,10 +17,13 @@ pub mod kv;
 pub mod metrics;
 pub mod profile;
 pub mod tokenizer;
+pub mod workload;
 
 pub use self::{
     cost::CostModel,
-    engine::{Engine, EngineConfig, EngineEvent, EngineRequest, RequestId, StepOutput, SubmitError},
+    engine::{
+        Engine, EngineConfig, EngineEvent, EngineRequest, RequestId, StepOutput, SubmitError,
+    },
     kv::KvEvent,
     metrics::EngineStats,
     profile::Profile,

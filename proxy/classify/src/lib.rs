@@ -1,1 +1,29 @@
-//! Prompt classification: complexity, detectors, rules, exemplars.
+//! Prompt classification for the Kinference proxy.
+//!
+//! The proxy asks, for every request, what the prompt needs: how complex it is, whether it holds code,
+//! math or personal data, how long it is, and any tag the platform team declared in an
+//! `InferenceClassifier`. Policy then acts on those tags. This crate answers without network or file
+//! I/O on the request path (the complexity weights are compiled in), except for external classifiers,
+//! which run under a time budget with a declared fallback.
+
+#![forbid(unsafe_code)]
+
+pub mod complexity;
+pub mod dataset;
+pub mod definition;
+pub mod detect;
+pub mod exemplar;
+pub mod external;
+pub mod input;
+pub mod rules;
+mod scan;
+mod set;
+pub mod tag;
+mod text;
+
+pub use self::{
+    definition::{ClassifierDefinition, DetectorKind, TagDefinition, TagKind},
+    input::{Limits, Prompt, Role, Turn},
+    set::{ClassifierSet, Error},
+    tag::{ClassifierId, Contribution, Explanation, Tag, TagExplanation, Tags},
+};

@@ -1,0 +1,127 @@
+//! The replicas: one simulated vLLM engine each, plus the static facts discovery would give a
+//! router (which model and pool it serves, its cache configuration).
+//!
+//! A router may know what any proxy can learn from discovery and `vllm:cache_config_info`, never
+//! the engine's internal state; this module keeps the two apart.
+
+use kinference_sim::{Engine, Profile};
+
+/// How many replicas of which model profile make up the fleet.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetSpec {
+    pub pools: Vec<PoolSpec>,
+}
+
+/// One `InferencePool`: replicas of one model profile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolSpec {
+    /// A `kinference_sim::Profile` name (`glm-5.3`, `qwen-3.6-27b`).
+    pub profile: String,
+    pub replicas: usize,
+}
+
+impl FleetSpec {
+    /// A fleet of one pool.
+    pub fn single(profile: &str, replicas: usize) -> Self {
+        Self {
+            pools: vec![PoolSpec {
+                profile: profile.to_owned(),
+                replicas,
+            }],
+        }
+    }
+
+    pub fn num_replicas(&self) -> usize {
+        self.pools.iter().map(|p| p.replicas).sum()
+    }
+}
+
+/// What discovery and `vllm:cache_config_info` say about a replica: static, never stale.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplicaInfo {
+    /// Index of the pool (and so of the model) in the fleet spec.
+    pub pool: usize,
+    pub model: String,
+    pub block_size_tokens: u32,
+    pub num_gpu_blocks: u32,
+    pub max_num_batched_tokens: u32,
+    pub max_model_len: u32,
+    /// The profile, for priors (what a platform team would publish per model).
+    pub profile: Profile,
+}
+
+/// One replica: its engine and its static facts.
+#[derive(Debug)]
+pub struct Replica {
+    pub info: ReplicaInfo,
+    pub engine: Engine,
+    /// When the step in progress ends (`None` when idle).
+    pub busy_until: Option<kinference_sim::SimTime>,
+    /// The events of the step in progress, delivered when it ends.
+    pub pending: Vec<kinference_sim::EngineEvent>,
+}
+
+/// Why a fleet could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("unknown model profile {0:?}")]
+    UnknownProfile(String),
+}
+
+/// Builds the replicas of `spec`, pool by pool, in order.
+pub fn build(spec: &FleetSpec) -> Result<Vec<Replica>, FleetError> {
+    let mut out = Vec::with_capacity(spec.num_replicas());
+    for (pool, p) in spec.pools.iter().enumerate() {
+        let profile = Profile::named(&p.profile)
+            .ok_or_else(|| FleetError::UnknownProfile(p.profile.clone()))?;
+        for _ in 0..p.replicas {
+            let e = &profile.engine;
+            out.push(Replica {
+                info: ReplicaInfo {
+                    pool,
+                    model: profile.model.clone(),
+                    block_size_tokens: e.block_size,
+                    num_gpu_blocks: e.num_gpu_blocks,
+                    max_num_batched_tokens: e.max_num_batched_tokens,
+                    max_model_len: e.max_model_len,
+                    profile: profile.clone(),
+                },
+                engine: Engine::new(profile.engine.clone(), profile.cost.clone()),
+                busy_until: None,
+                pending: Vec::new(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pools_in_order_with_profile_facts() {
+        let spec = FleetSpec {
+            pools: vec![
+                PoolSpec {
+                    profile: "glm-5.3".into(),
+                    replicas: 2,
+                },
+                PoolSpec {
+                    profile: "qwen-3.6-27b".into(),
+                    replicas: 3,
+                },
+            ],
+        };
+        let r = build(&spec).unwrap();
+        assert_eq!(r.len(), 5);
+        assert_eq!(
+            r.iter().map(|r| r.info.pool).collect::<Vec<_>>(),
+            [0, 0, 1, 1, 1]
+        );
+        let q = Profile::named("qwen-3.6-27b").unwrap();
+        assert_eq!(r[4].info.num_gpu_blocks, q.engine.num_gpu_blocks);
+        assert_eq!(r[4].info.max_model_len, 32_768);
+        assert!(build(&FleetSpec::single("nope", 1)).is_err());
+    }
+}

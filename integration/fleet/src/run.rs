@@ -1,0 +1,320 @@
+//! One cell of the benchmark: one workload at one load through one strategy, in virtual time.
+//!
+//! The loop owns the clock. Replicas step only when they have work, each step's events land at its
+//! end, every sidecar scrapes on its own phase of the scrape interval, and KV events reach the
+//! sidecars after the delivery delay. Every request ends either completed or counted rejected (the
+//! engine refused it, e.g. longer than the model's context), so nothing is silently dropped.
+
+use std::{sync::Arc, time::Duration};
+
+use kinference_sim::{EngineEvent, EngineRequest, SimTime, engine::output_token_id};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::{
+    des::{Event, EventQueue},
+    fleet::{self, FleetError, Replica, ReplicaInfo},
+    report::{CellResult, Outcome},
+    sidecar::{Scraped, SidecarState, View},
+    strategy::{Req, Router, StrategyKind},
+    workload::{RequestSpec, Workload},
+};
+
+/// How the fleet around the replicas behaves.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct RunConfig {
+    /// Independent sidecars; a request goes to sidecar `client % sidecars`.
+    pub sidecars: usize,
+    /// Each sidecar scrapes every replica this often.
+    pub scrape_interval: Duration,
+    /// KV events reach the sidecars this long after the step that produced them.
+    pub kv_event_delay: Duration,
+    pub seed: u64,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            sidecars: 4,
+            scrape_interval: Duration::from_millis(50),
+            kv_event_delay: Duration::from_millis(10),
+            seed: 1,
+        }
+    }
+}
+
+/// A request in flight through the simulation.
+#[derive(Debug)]
+struct Rec {
+    spec: RequestSpec,
+    sidecar: usize,
+    replica: Option<usize>,
+    arrived_at: SimTime,
+    first_token_at: Option<SimTime>,
+    finished_at: Option<SimTime>,
+    cached_tokens: u32,
+    output_tokens: u32,
+    predicted_ttft_s: Option<f64>,
+    rejected: bool,
+    /// The session and the index of the turn that follows this one.
+    next_turn: Option<(usize, usize)>,
+}
+
+struct Sidecar {
+    state: SidecarState,
+    router: Box<dyn Router>,
+    rng: ChaCha8Rng,
+}
+
+fn secs(s: f64) -> SimTime {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+fn cell_seed(cfg: &RunConfig, workload: &Workload, strategy: StrategyKind, sidecar: usize) -> u64 {
+    let label = format!(
+        "{}/{}/{}/{sidecar}",
+        workload.kind.name(),
+        workload.load_rps,
+        strategy.name()
+    );
+    cfg.seed ^ xxhash_rust::xxh3::xxh3_64(label.as_bytes())
+}
+
+/// Runs `workload` through `strategy` and measures every request.
+pub fn run_cell(
+    workload: &Workload,
+    strategy: StrategyKind,
+    cfg: &RunConfig,
+) -> Result<CellResult, FleetError> {
+    let started = std::time::Instant::now();
+    let mut replicas: Vec<Replica> = fleet::build(&workload.fleet)?;
+    let infos: Vec<ReplicaInfo> = replicas.iter().map(|r| r.info.clone()).collect();
+    let n_sidecars = cfg.sidecars.max(1);
+    let mut sidecars: Vec<Sidecar> = (0..n_sidecars)
+        .map(|i| Sidecar {
+            state: SidecarState::new(replicas.len()),
+            router: strategy.build(&infos),
+            rng: ChaCha8Rng::seed_from_u64(cell_seed(cfg, workload, strategy, i)),
+        })
+        .collect();
+    let wants_kv = strategy.wants_kv_events();
+
+    let mut q = EventQueue::new();
+    let mut recs: Vec<Rec> = Vec::with_capacity(workload.num_requests());
+    let new_rec = |spec: RequestSpec, next_turn| Rec {
+        sidecar: spec.client as usize % n_sidecars,
+        spec,
+        replica: None,
+        arrived_at: SimTime::ZERO,
+        first_token_at: None,
+        finished_at: None,
+        cached_tokens: 0,
+        output_tokens: 0,
+        predicted_ttft_s: None,
+        rejected: false,
+        next_turn,
+    };
+    for spec in &workload.requests {
+        q.push(secs(spec.at_s), Event::Arrival { req: recs.len() });
+        recs.push(new_rec(spec.clone(), None));
+    }
+    for (si, s) in workload.sessions.iter().enumerate() {
+        let spec = RequestSpec {
+            at_s: s.start_s,
+            prompt: Arc::from(s.first_prompt.as_slice()),
+            output_tokens: s.first_output_tokens,
+            pool: s.pool,
+            low_complexity: false,
+            client: s.client,
+        };
+        q.push(secs(s.start_s), Event::Arrival { req: recs.len() });
+        recs.push(new_rec(spec, (!s.turns.is_empty()).then_some((si, 0))));
+    }
+    let mut outstanding = recs.len();
+    for i in 0..n_sidecars {
+        let phase = cfg.scrape_interval.mul_f64(i as f64 / n_sidecars as f64);
+        q.push(phase, Event::Scrape { sidecar: i });
+    }
+    let mut preemptions = 0u64;
+
+    while outstanding > 0 {
+        let Some((now, event)) = q.pop() else { break };
+        match event {
+            Event::Arrival { req } => {
+                recs[req].arrived_at = now;
+                let rec = &recs[req];
+                let candidates: Vec<usize> = infos
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, i)| {
+                        i.pool == rec.spec.pool
+                            || (strategy.cross_model() && rec.spec.low_complexity)
+                    })
+                    .map(|(r, _)| r)
+                    .collect();
+                if candidates.is_empty() {
+                    recs[req].rejected = true;
+                    outstanding -= 1;
+                    continue;
+                }
+                let Sidecar { state, router, rng } = &mut sidecars[rec.sidecar];
+                let view = View {
+                    now,
+                    replicas: &infos,
+                    scraped: &state.scraped,
+                    own_inflight: &state.own_inflight,
+                };
+                let r = Req {
+                    id: req as u64,
+                    prompt: &rec.spec.prompt,
+                    pool: rec.spec.pool,
+                    low_complexity: rec.spec.low_complexity,
+                };
+                let pick = router.pick(&r, &candidates, &view, rng);
+                let replica = pick.replica;
+                let submitted = replicas[replica].engine.submit(
+                    EngineRequest {
+                        id: req as u64,
+                        prompt: rec.spec.prompt.to_vec(),
+                        max_tokens: rec.spec.output_tokens,
+                        lora: None,
+                    },
+                    now,
+                );
+                if submitted.is_err() {
+                    recs[req].rejected = true;
+                    outstanding -= 1;
+                    continue;
+                }
+                router.on_dispatch(&r, replica, now);
+                state.own_inflight[replica] += 1;
+                let rec = &mut recs[req];
+                rec.replica = Some(replica);
+                rec.predicted_ttft_s = pick.predicted_ttft_s;
+                if replicas[replica].busy_until.is_none() {
+                    start_step(&mut replicas[replica], replica, now, &mut q);
+                }
+            }
+            Event::StepEnd { replica } => {
+                let events = std::mem::take(&mut replicas[replica].pending);
+                replicas[replica].busy_until = None;
+                for e in events {
+                    match e {
+                        EngineEvent::FirstToken { id, cached_tokens } => {
+                            let rec = &mut recs[id as usize];
+                            rec.first_token_at = Some(now);
+                            rec.cached_tokens = cached_tokens;
+                            sidecars[rec.sidecar]
+                                .router
+                                .on_first_token(id, replica, now);
+                        }
+                        EngineEvent::Token { .. } => {}
+                        EngineEvent::Preempted { .. } => preemptions += 1,
+                        EngineEvent::Finished {
+                            id,
+                            completion_tokens,
+                            ..
+                        } => {
+                            let idx = id as usize;
+                            let rec = &mut recs[idx];
+                            rec.finished_at = Some(now);
+                            rec.output_tokens = completion_tokens;
+                            let sc = &mut sidecars[rec.sidecar];
+                            sc.state.own_inflight[replica] =
+                                sc.state.own_inflight[replica].saturating_sub(1);
+                            sc.router.on_complete(id, replica, completion_tokens, now);
+                            outstanding -= 1;
+                            if let Some((si, ti)) = rec.next_turn {
+                                let session = &workload.sessions[si];
+                                let turn = &session.turns[ti];
+                                let mut prompt = rec.spec.prompt.to_vec();
+                                prompt
+                                    .extend((0..completion_tokens).map(|k| output_token_id(id, k)));
+                                prompt.extend_from_slice(&turn.user_tokens);
+                                let at = now + secs(turn.think_s);
+                                let spec = RequestSpec {
+                                    at_s: at.as_secs_f64(),
+                                    prompt: Arc::from(prompt),
+                                    output_tokens: turn.output_tokens,
+                                    pool: session.pool,
+                                    low_complexity: false,
+                                    client: session.client,
+                                };
+                                let next = (ti + 1 < session.turns.len()).then_some((si, ti + 1));
+                                q.push(at, Event::Arrival { req: recs.len() });
+                                recs.push(new_rec(spec, next));
+                                outstanding += 1;
+                            }
+                        }
+                    }
+                }
+                let kv = replicas[replica].engine.drain_kv_events();
+                if wants_kv && !kv.is_empty() {
+                    q.push(
+                        now + cfg.kv_event_delay,
+                        Event::KvDelivery {
+                            replica,
+                            events: Arc::new(kv),
+                        },
+                    );
+                }
+                if replicas[replica].engine.has_work() {
+                    start_step(&mut replicas[replica], replica, now, &mut q);
+                }
+            }
+            Event::Scrape { sidecar } => {
+                let Sidecar { state, router, .. } = &mut sidecars[sidecar];
+                for (r, rep) in replicas.iter().enumerate() {
+                    state.scraped[r] = Some(Scraped::of(rep.engine.stats(), now));
+                }
+                let view = View {
+                    now,
+                    replicas: &infos,
+                    scraped: &state.scraped,
+                    own_inflight: &state.own_inflight,
+                };
+                router.on_scrape(&view);
+                q.push(now + cfg.scrape_interval, Event::Scrape { sidecar });
+            }
+            Event::KvDelivery { replica, events } => {
+                for sc in &mut sidecars {
+                    sc.router.on_kv_events(replica, &events, now);
+                }
+            }
+        }
+    }
+
+    let outcomes: Vec<Outcome> = recs
+        .iter()
+        .map(|r| Outcome {
+            arrived_s: r.arrived_at.as_secs_f64(),
+            prompt_tokens: r.spec.prompt.len() as u32,
+            cached_tokens: r.cached_tokens,
+            output_tokens: r.output_tokens,
+            replica: r.replica,
+            ttft_s: r.first_token_at.map(|t| (t - r.arrived_at).as_secs_f64()),
+            finished_s: r.finished_at.map(|t| t.as_secs_f64()),
+            e2e_s: r.finished_at.map(|t| (t - r.arrived_at).as_secs_f64()),
+            predicted_ttft_s: r.predicted_ttft_s,
+            rejected: r.rejected,
+        })
+        .collect();
+    Ok(CellResult::from_outcomes(
+        workload.kind.name(),
+        strategy.name(),
+        workload.load_rps,
+        replicas.len(),
+        &outcomes,
+        preemptions,
+        started.elapsed().as_secs_f64(),
+    ))
+}
+
+fn start_step(rep: &mut Replica, replica: usize, now: SimTime, q: &mut EventQueue) {
+    let out = rep.engine.step(now);
+    // A step always costs its fixed overhead; never schedule two ends at one instant for nothing.
+    let end = now + out.duration.max(Duration::from_nanos(1));
+    rep.pending = out.events;
+    rep.busy_until = Some(end);
+    q.push(end, Event::StepEnd { replica });
+}

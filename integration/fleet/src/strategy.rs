@@ -1,0 +1,370 @@
+//! The routing strategies under comparison, behind one small trait.
+//!
+//! Each strategy is written from its published description with its published default parameters
+//! (each file cites its source), and sees only what a router of its kind sees: the static facts of
+//! the candidates, its own sidecar's scrapes and in-flight requests, its own routing history and,
+//! for the strategies that subscribe to them, KV events after their delivery delay.
+
+pub mod aibrix;
+pub mod dynamo;
+pub mod gie;
+pub mod kinference;
+pub mod least_request;
+pub mod llmd_precise;
+pub mod peak_ewma;
+pub mod random;
+pub mod round_robin;
+pub mod sglang;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use kinference_sim::{KvEvent, SimTime};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::{fleet::ReplicaInfo, sidecar::View};
+
+/// A request as a router sees it (the output length is unknown to every router).
+#[derive(Copy, Clone, Debug)]
+pub struct Req<'a> {
+    pub id: u64,
+    pub prompt: &'a [u32],
+    /// The pool of the model the client asked for.
+    pub pool: usize,
+    pub low_complexity: bool,
+}
+
+/// A routing decision.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct Pick {
+    pub replica: usize,
+    /// The TTFT the strategy predicted for this request there, if it predicts one (seconds).
+    pub predicted_ttft_s: Option<f64>,
+}
+
+impl Pick {
+    pub fn to(replica: usize) -> Self {
+        Self {
+            replica,
+            predicted_ttft_s: None,
+        }
+    }
+}
+
+/// One sidecar's instance of a routing strategy.
+pub trait Router: Send + std::fmt::Debug {
+    /// Chooses one of `candidates` (never empty) for `req`.
+    fn pick(
+        &mut self,
+        req: &Req<'_>,
+        candidates: &[usize],
+        view: &View<'_>,
+        rng: &mut ChaCha8Rng,
+    ) -> Pick;
+    /// The request was sent to `replica`.
+    fn on_dispatch(&mut self, _req: &Req<'_>, _replica: usize, _now: SimTime) {}
+    /// The first token of request `id` came back from `replica`.
+    fn on_first_token(&mut self, _id: u64, _replica: usize, _now: SimTime) {}
+    /// Request `id` finished on `replica` (`output_tokens` streamed).
+    fn on_complete(&mut self, _id: u64, _replica: usize, _output_tokens: u32, _now: SimTime) {}
+    /// This sidecar just scraped every replica (the view holds the new values).
+    fn on_scrape(&mut self, _view: &View<'_>) {}
+    /// KV events of `replica` reached this sidecar.
+    fn on_kv_events(&mut self, _replica: usize, _events: &[KvEvent], _now: SimTime) {}
+}
+
+/// The strategies, by name.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StrategyKind {
+    RoundRobin,
+    Random,
+    LeastRequest,
+    PeakEwma,
+    Gie,
+    LlmdPrecise,
+    Dynamo,
+    Sglang,
+    Aibrix,
+    Kinference,
+}
+
+impl StrategyKind {
+    pub const ALL: [StrategyKind; 10] = [
+        StrategyKind::RoundRobin,
+        StrategyKind::Random,
+        StrategyKind::LeastRequest,
+        StrategyKind::PeakEwma,
+        StrategyKind::Gie,
+        StrategyKind::LlmdPrecise,
+        StrategyKind::Dynamo,
+        StrategyKind::Sglang,
+        StrategyKind::Aibrix,
+        StrategyKind::Kinference,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyKind::RoundRobin => "round-robin",
+            StrategyKind::Random => "random",
+            StrategyKind::LeastRequest => "least-request",
+            StrategyKind::PeakEwma => "peak-ewma-p2c",
+            StrategyKind::Gie => "gie-default",
+            StrategyKind::LlmdPrecise => "llm-d-precise",
+            StrategyKind::Dynamo => "dynamo-kv",
+            StrategyKind::Sglang => "sglang-cache-aware",
+            StrategyKind::Aibrix => "aibrix-prefix",
+            StrategyKind::Kinference => "kinference",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == s)
+    }
+
+    /// Whether the strategy subscribes to KV events.
+    pub fn wants_kv_events(self) -> bool {
+        matches!(
+            self,
+            StrategyKind::LlmdPrecise | StrategyKind::Dynamo | StrategyKind::Kinference
+        )
+    }
+
+    /// Whether the strategy applies Kinference's cross-model policy (the others route within the
+    /// requested model's pool).
+    pub fn cross_model(self) -> bool {
+        matches!(self, StrategyKind::Kinference)
+    }
+
+    /// A fresh instance for one sidecar of a fleet with `replicas`.
+    pub fn build(self, replicas: &[ReplicaInfo]) -> Box<dyn Router> {
+        match self {
+            StrategyKind::RoundRobin => Box::new(round_robin::RoundRobin::default()),
+            StrategyKind::Random => Box::new(random::Random),
+            StrategyKind::LeastRequest => Box::new(least_request::LeastRequest),
+            StrategyKind::PeakEwma => Box::new(peak_ewma::PeakEwmaP2c::new(replicas.len())),
+            StrategyKind::Gie => Box::new(gie::GieDefault::new(replicas.len())),
+            StrategyKind::LlmdPrecise => Box::new(llmd_precise::LlmdPrecise::new(replicas)),
+            StrategyKind::Dynamo => Box::new(dynamo::DynamoKv::new(replicas)),
+            StrategyKind::Sglang => Box::new(sglang::SglangCacheAware::new(replicas.len())),
+            StrategyKind::Aibrix => Box::new(aibrix::AibrixPrefix::new(replicas.len())),
+            StrategyKind::Kinference => Box::new(kinference::Kinference::new(replicas)),
+        }
+    }
+}
+
+/// The candidate with the highest score; exact ties broken uniformly at random (as the Inference
+/// Extension's max-score picker does by shuffling first).
+pub fn argmax_random(scored: &[(usize, f64)], rng: &mut ChaCha8Rng) -> usize {
+    let best = scored
+        .iter()
+        .map(|&(_, s)| s)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let ties: Vec<usize> = scored
+        .iter()
+        .filter(|&&(_, s)| s >= best - 1e-12)
+        .map(|&(r, _)| r)
+        .collect();
+    ties[rng.random_range(0..ties.len())]
+}
+
+/// The candidate with the lowest cost; exact ties broken uniformly at random.
+pub fn argmin_random(scored: &[(usize, f64)], rng: &mut ChaCha8Rng) -> usize {
+    let negated: Vec<(usize, f64)> = scored.iter().map(|&(r, c)| (r, -c)).collect();
+    argmax_random(&negated, rng)
+}
+
+/// Chained hashes of the full `block_tokens`-token blocks of `prompt` (a block's hash names its
+/// whole prefix), at most `max_blocks` of them.
+pub fn chained_block_hashes(prompt: &[u32], block_tokens: u32, max_blocks: usize) -> Vec<u64> {
+    let bs = block_tokens.max(1) as usize;
+    let n = (prompt.len() / bs).min(max_blocks);
+    let mut out = Vec::with_capacity(n);
+    kinference_sim::kv::extend_block_hashes(&mut out, &prompt[..n * bs], block_tokens.max(1), None);
+    out
+}
+
+/// A set of block hashes with least-recently-used eviction at a fixed capacity: the approximate
+/// per-server index that routers build from their own routing decisions.
+#[derive(Clone, Debug, Default)]
+pub struct LruSet {
+    capacity: usize,
+    tick: u64,
+    last_used: HashMap<u64, u64>,
+    order: VecDeque<(u64, u64)>,
+}
+
+impl LruSet {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            ..Self::default()
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.last_used.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.last_used.is_empty()
+    }
+
+    pub fn contains(&self, hash: u64) -> bool {
+        self.last_used.contains_key(&hash)
+    }
+
+    /// Inserts or refreshes `hash`, evicting the least recently used entries beyond capacity.
+    pub fn touch(&mut self, hash: u64) {
+        self.tick += 1;
+        self.last_used.insert(hash, self.tick);
+        self.order.push_back((self.tick, hash));
+        while self.last_used.len() > self.capacity {
+            let Some((t, h)) = self.order.pop_front() else {
+                break;
+            };
+            if self.last_used.get(&h) == Some(&t) {
+                self.last_used.remove(&h);
+            }
+        }
+        // Keep the lazy queue bounded.
+        if self.order.len() > 4 * self.capacity + 1024 {
+            let live = &self.last_used;
+            self.order.retain(|(t, h)| live.get(h) == Some(t));
+        }
+    }
+
+    /// How many leading `hashes` are present.
+    pub fn leading_matches(&self, hashes: &[u64]) -> usize {
+        hashes
+            .iter()
+            .take_while(|h| self.last_used.contains_key(h))
+            .count()
+    }
+}
+
+/// Per-replica sets of cached block hashes, kept from vLLM KV events (the precise index).
+#[derive(Clone, Debug)]
+pub struct KvIndex {
+    cached: Vec<HashSet<u64>>,
+}
+
+impl KvIndex {
+    pub fn new(replicas: usize) -> Self {
+        Self {
+            cached: vec![HashSet::new(); replicas],
+        }
+    }
+
+    pub fn apply(&mut self, replica: usize, events: &[KvEvent]) {
+        let set = &mut self.cached[replica];
+        for e in events {
+            match e {
+                KvEvent::BlockStored { block_hashes, .. } => {
+                    set.extend(block_hashes.iter().copied())
+                }
+                KvEvent::BlockRemoved { block_hashes } => {
+                    for h in block_hashes {
+                        set.remove(h);
+                    }
+                }
+                KvEvent::AllBlocksCleared => set.clear(),
+            }
+        }
+    }
+
+    /// Leading blocks of `hashes` that `replica` holds.
+    pub fn leading_matches(&self, replica: usize, hashes: &[u64]) -> usize {
+        hashes
+            .iter()
+            .take_while(|h| self.cached[replica].contains(h))
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn lru_evicts_least_recent() {
+        let mut l = LruSet::new(2);
+        l.touch(1);
+        l.touch(2);
+        l.touch(1);
+        l.touch(3);
+        assert!(l.contains(1) && l.contains(3) && !l.contains(2));
+        assert_eq!(l.leading_matches(&[1, 3, 2, 1]), 2);
+        assert_eq!(l.len(), 2);
+    }
+
+    #[test]
+    fn kv_index_follows_events_and_matches_engine_hashes() {
+        let prompt: Vec<u32> = (1..=40).collect();
+        let h = chained_block_hashes(&prompt, 16, usize::MAX);
+        assert_eq!(h.len(), 2);
+        let mut idx = KvIndex::new(2);
+        idx.apply(
+            1,
+            &[KvEvent::BlockStored {
+                block_hashes: h.clone(),
+                parent_block_hash: None,
+                token_ids: prompt[..32].to_vec(),
+                block_size: 16,
+                lora_id: None,
+            }],
+        );
+        assert_eq!(idx.leading_matches(1, &h), 2);
+        assert_eq!(idx.leading_matches(0, &h), 0);
+        idx.apply(
+            1,
+            &[KvEvent::BlockRemoved {
+                block_hashes: vec![h[0]],
+            }],
+        );
+        assert_eq!(idx.leading_matches(1, &h), 0);
+        // The same hashes an engine computes for its prefix cache.
+        let mut eng = kinference_sim::Engine::new(
+            kinference_sim::Profile::named("qwen-3.6-27b")
+                .unwrap()
+                .engine,
+            kinference_sim::Profile::named("qwen-3.6-27b").unwrap().cost,
+        );
+        eng.submit(
+            kinference_sim::EngineRequest {
+                id: 1,
+                prompt: prompt.clone(),
+                max_tokens: 1,
+                lora: None,
+            },
+            SimTime::ZERO,
+        )
+        .unwrap();
+        eng.step(SimTime::ZERO);
+        let stored: Vec<u64> = eng
+            .drain_kv_events()
+            .into_iter()
+            .flat_map(|e| match e {
+                KvEvent::BlockStored { block_hashes, .. } => block_hashes,
+                _ => vec![],
+            })
+            .collect();
+        assert_eq!(stored, h);
+    }
+
+    #[test]
+    fn ties_are_spread() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let scored = [(0, 1.0), (1, 1.0), (2, 0.5)];
+        let mut seen = [0; 3];
+        for _ in 0..300 {
+            seen[argmax_random(&scored, &mut rng)] += 1;
+        }
+        assert_eq!(seen[2], 0);
+        assert!(seen[0] > 100 && seen[1] > 100, "{seen:?}");
+        assert_eq!(argmin_random(&scored, &mut rng), 2);
+        for k in StrategyKind::ALL {
+            assert_eq!(StrategyKind::parse(k.name()), Some(k));
+        }
+    }
+}

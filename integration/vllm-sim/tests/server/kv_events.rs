@@ -1,0 +1,136 @@
+//! KV events: a ZMQ SUB client receives vLLM's multipart messages and decodes them as vLLM's
+//! msgspec structs would (array-like, tagged).
+
+use std::time::Duration;
+
+use kinference_vllm_sim::KvEventsConfig;
+use rmpv::Value;
+use serde_json::json;
+use zeromq::{Socket, SocketRecv};
+
+use crate::support::*;
+
+/// One received message: sequence number and decoded batch.
+async fn recv(sub: &mut zeromq::SubSocket, topic: &str) -> (u64, Value) {
+    let msg = sub.recv().await.unwrap();
+    let frames = msg.into_vec();
+    assert_eq!(frames.len(), 3, "topic, sequence, payload");
+    assert_eq!(&frames[0][..], topic.as_bytes());
+    let seq = u64::from_be_bytes(frames[1][..].try_into().expect("8-byte sequence"));
+    let batch = rmpv::decode::read_value(&mut &frames[2][..]).unwrap();
+    (seq, batch)
+}
+
+fn as_u64s(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn block_stored_events_for_a_prompts_blocks() {
+    bounded(30, async {
+        // The subscriber binds; the replica connects (vLLM's rule for an address without `*`).
+        let mut sub = zeromq::SubSocket::new();
+        let endpoint = sub.bind("tcp://127.0.0.1:0").await.unwrap();
+        sub.subscribe("").await.unwrap();
+        let mut config = small_config();
+        config.kv_events = Some(KvEventsConfig {
+            endpoint: endpoint.to_string(),
+            topic: "kv@sim".into(),
+        });
+        let replica = start(config).await;
+        let base = replica.url();
+
+        // Until the subscription has reached the publisher, PUB drops messages: reset the (empty)
+        // prefix cache until an AllBlocksCleared arrives.
+        let mut last_seq;
+        loop {
+            let resp = client()
+                .post(format!("{base}/reset_prefix_cache"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            if let Ok((seq, batch)) =
+                tokio::time::timeout(Duration::from_millis(200), recv(&mut sub, "kv@sim")).await
+            {
+                let b = batch.as_array().unwrap();
+                assert_eq!(b.len(), 3, "[ts, events, data_parallel_rank]");
+                assert!(b[0].as_f64().unwrap() > 1.6e9, "ts is Unix seconds");
+                assert_eq!(
+                    b[1].as_array().unwrap()[0],
+                    Value::Array(vec!["AllBlocksCleared".into()])
+                );
+                assert_eq!(b[2].as_u64(), Some(0));
+                last_seq = seq;
+                break;
+            }
+        }
+
+        // 100 prompt tokens + 4 output tokens: 6 full blocks of 16 (the 7th is partial).
+        let prompt: Vec<u32> = (0..100).map(|i| 1000 + i).collect();
+        let (status, body) = post_json(
+            &format!("{base}/v1/completions"),
+            &json!({"model": MODEL, "prompt": prompt, "max_tokens": 4}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+
+        let mut hashes = Vec::new();
+        let mut tokens = Vec::new();
+        let mut parent_of_first = None;
+        while hashes.len() < 6 {
+            let (seq, batch) = recv(&mut sub, "kv@sim").await;
+            assert!(
+                seq > last_seq,
+                "sequence numbers increase: {seq} after {last_seq}"
+            );
+            last_seq = seq;
+            let b = batch.as_array().unwrap();
+            for event in b[1].as_array().unwrap() {
+                let e = event.as_array().unwrap();
+                assert_eq!(e[0].as_str(), Some("BlockStored"), "{event}");
+                assert_eq!(e.len(), 8, "tag + 7 fields: {event}");
+                let block_hashes = as_u64s(&e[1]);
+                if hashes.is_empty() {
+                    parent_of_first = Some(e[2].clone());
+                } else {
+                    assert_eq!(
+                        e[2].as_u64(),
+                        hashes.last().copied(),
+                        "chained to the last block"
+                    );
+                }
+                let token_ids = as_u64s(&e[3]);
+                assert_eq!(e[4].as_u64(), Some(16), "block_size");
+                assert_eq!(token_ids.len(), block_hashes.len() * 16);
+                assert_eq!(e[5], Value::Nil, "lora_id");
+                assert_eq!(e[6].as_str(), Some("GPU"), "medium");
+                assert_eq!(e[7], Value::Nil, "lora_name");
+                hashes.extend(block_hashes);
+                tokens.extend(token_ids);
+            }
+        }
+        assert_eq!(
+            parent_of_first,
+            Some(Value::Nil),
+            "the first block has no parent"
+        );
+        assert_eq!(hashes.len(), 6);
+        let prompt_u64: Vec<u64> = prompt.iter().map(|&t| u64::from(t)).collect();
+        assert_eq!(
+            tokens[..96],
+            prompt_u64[..96],
+            "the prompt's tokens, in order"
+        );
+        // The hashes are the engine's chained block hashes of the prompt.
+        let mut expected = Vec::new();
+        kinference_sim::kv::extend_block_hashes(&mut expected, &prompt, 16, None);
+        assert_eq!(hashes, expected);
+        replica.shutdown().await;
+    })
+    .await;
+}

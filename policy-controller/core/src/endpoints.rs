@@ -1,0 +1,104 @@
+//! The ready endpoints of a pool and their static facts.
+//!
+//! The proxy predicts time to first token per endpoint; what it cannot observe (which
+//! pod, which model and LoRA adapters it serves, on which accelerator) comes from here.
+
+use crate::target::PoolRef;
+use std::{collections::BTreeMap, net::SocketAddr};
+use tokio::sync::watch;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub addr: SocketAddr,
+    pub pod: Option<String>,
+    /// The model the endpoint serves, from the `kinference.io/model` label.
+    pub model: Option<String>,
+    /// From the comma-separated `kinference.io/lora-adapters` label.
+    pub lora_adapters: Vec<String>,
+    /// From the `kinference.io/accelerator` label, e.g. `nvidia-h200`.
+    pub accelerator: Option<String>,
+    pub ready: bool,
+}
+
+/// The endpoint set of one pool. Only ready endpoints are listed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolEndpoints {
+    /// False when the pool is not known to the index.
+    pub exists: bool,
+    pub endpoints: BTreeMap<SocketAddr, Endpoint>,
+}
+
+impl PoolEndpoints {
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty()
+    }
+}
+
+/// Serves the endpoints of a pool.
+pub trait DiscoverEndpoints {
+    /// A receiver that always holds the current endpoints of `pool`.
+    fn watch_endpoints(&self, pool: &PoolRef) -> Option<watch::Receiver<PoolEndpoints>>;
+}
+
+/// What changed between two endpoint sets, as a Destination stream reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EndpointsDiff {
+    /// Endpoints that are new or whose facts changed.
+    pub added: Vec<Endpoint>,
+    pub removed: Vec<SocketAddr>,
+}
+
+impl EndpointsDiff {
+    pub fn between(old: &PoolEndpoints, new: &PoolEndpoints) -> Self {
+        let added = new
+            .endpoints
+            .iter()
+            .filter(|(addr, ep)| old.endpoints.get(addr) != Some(ep))
+            .map(|(_, ep)| ep.clone())
+            .collect();
+        let removed = old
+            .endpoints
+            .keys()
+            .filter(|addr| !new.endpoints.contains_key(addr))
+            .copied()
+            .collect();
+        Self { added, removed }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(port: u16, model: &str) -> Endpoint {
+        Endpoint {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            pod: Some(format!("pod-{port}")),
+            model: Some(model.to_string()),
+            lora_adapters: vec![],
+            accelerator: None,
+            ready: true,
+        }
+    }
+
+    fn set(eps: &[Endpoint]) -> PoolEndpoints {
+        PoolEndpoints {
+            exists: true,
+            endpoints: eps.iter().map(|e| (e.addr, e.clone())).collect(),
+        }
+    }
+
+    #[test]
+    fn diff_reports_additions_changes_and_removals() {
+        let old = set(&[ep(8001, "a"), ep(8002, "a")]);
+        let new = set(&[ep(8002, "b"), ep(8003, "a")]);
+        let diff = EndpointsDiff::between(&old, &new);
+        assert_eq!(diff.added, vec![ep(8002, "b"), ep(8003, "a")]);
+        assert_eq!(diff.removed, vec![SocketAddr::from(([127, 0, 0, 1], 8001))]);
+        assert!(EndpointsDiff::between(&new, &new).is_empty());
+    }
+}

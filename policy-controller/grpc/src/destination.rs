@@ -1,0 +1,174 @@
+//! The stock Linkerd `Destination.Get` API over [`DiscoverEndpoints`].
+//!
+//! A pool's ready endpoints stream as `add`/`remove` deltas; static facts the proxy
+//! needs for prediction (model, pool, pod, LoRA adapters, accelerator) ride in
+//! `metric_labels`, so no stock message changes.
+
+use crate::{GrpcMetrics, metrics::Tracked, outbound::DEFAULT_WEIGHT};
+use futures::{StreamExt, stream};
+use kinference_policy_core::{
+    DiscoverEndpoints, Endpoint, PoolEndpoints, PoolRef, endpoints::EndpointsDiff,
+};
+use linkerd2_proxy_api::{
+    destination::{self as api, destination_server},
+    net,
+};
+use std::{collections::HashMap, pin::Pin};
+use tokio::sync::watch;
+use tokio_stream::Stream;
+
+const API: &str = "destination";
+
+/// `metric_labels` keys on each address.
+pub mod labels {
+    pub const MODEL: &str = "model";
+    pub const POOL: &str = "inferencepool";
+    pub const NAMESPACE: &str = "namespace";
+    pub const POD: &str = "pod";
+    pub const LORA_ADAPTERS: &str = "lora_adapters";
+    pub const ACCELERATOR: &str = "accelerator";
+}
+
+#[derive(Clone, Debug)]
+pub struct DestinationServer<D> {
+    discover: D,
+    metrics: GrpcMetrics,
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
+
+impl<D: DiscoverEndpoints + Send + Sync + 'static> DestinationServer<D> {
+    pub fn new(discover: D, metrics: GrpcMetrics) -> Self {
+        Self { discover, metrics }
+    }
+
+    pub fn svc(self) -> destination_server::DestinationServer<Self> {
+        destination_server::DestinationServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl<D: DiscoverEndpoints + Send + Sync + 'static> destination_server::Destination
+    for DestinationServer<D>
+{
+    type GetStream = Tracked<BoxStream<api::Update>>;
+
+    async fn get(
+        &self,
+        req: tonic::Request<api::GetDestination>,
+    ) -> Result<tonic::Response<Self::GetStream>, tonic::Status> {
+        let path = &req.get_ref().path;
+        let pool = PoolRef::from_destination_path(path).ok_or_else(|| {
+            tonic::Status::invalid_argument(format!("{path:?} is not an InferencePool path"))
+        })?;
+        let rx = self
+            .discover
+            .watch_endpoints(&pool)
+            .ok_or_else(|| tonic::Status::not_found(path.clone()))?;
+        Ok(tonic::Response::new(
+            self.metrics.track(API, updates(pool, rx)),
+        ))
+    }
+
+    type GetProfileStream = BoxStream<api::DestinationProfile>;
+
+    async fn get_profile(
+        &self,
+        _req: tonic::Request<api::GetDestination>,
+    ) -> Result<tonic::Response<Self::GetProfileStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented(
+            "profiles are served by OutboundPolicies",
+        ))
+    }
+}
+
+/// Streams the pool's endpoints: the full set first, then deltas.
+fn updates(pool: PoolRef, rx: watch::Receiver<PoolEndpoints>) -> BoxStream<api::Update> {
+    let state = (rx, None::<PoolEndpoints>);
+    let s = stream::unfold(state, move |(mut rx, prev)| {
+        let pool = pool.clone();
+        async move {
+            if prev.is_some() && rx.changed().await.is_err() {
+                return None;
+            }
+            let current = rx.borrow_and_update().clone();
+            let msgs = diff_updates(&pool, prev.as_ref(), &current);
+            Some((msgs, (rx, Some(current))))
+        }
+    });
+    Box::pin(s.flat_map(|msgs| stream::iter(msgs.into_iter().map(Ok))))
+}
+
+/// The messages that take a proxy from `prev` (nothing, on the first message) to `next`.
+pub fn diff_updates(
+    pool: &PoolRef,
+    prev: Option<&PoolEndpoints>,
+    next: &PoolEndpoints,
+) -> Vec<api::Update> {
+    let no_endpoints = || api::Update {
+        update: Some(api::update::Update::NoEndpoints(api::NoEndpoints {
+            exists: next.exists,
+        })),
+    };
+    let Some(prev) = prev else {
+        if next.is_empty() {
+            return vec![no_endpoints()];
+        }
+        return vec![add(pool, next.endpoints.values())];
+    };
+    if next.is_empty() {
+        if prev.is_empty() && prev.exists == next.exists {
+            return vec![];
+        }
+        return vec![no_endpoints()];
+    }
+    let diff = EndpointsDiff::between(prev, next);
+    let mut msgs = Vec::new();
+    if !diff.removed.is_empty() {
+        msgs.push(api::Update {
+            update: Some(api::update::Update::Remove(api::AddrSet {
+                addrs: diff.removed.iter().map(|a| net::TcpAddress::from(*a)).collect(),
+            })),
+        });
+    }
+    if !diff.added.is_empty() {
+        msgs.push(add(pool, diff.added.iter()));
+    }
+    msgs
+}
+
+fn add<'a>(pool: &PoolRef, eps: impl Iterator<Item = &'a Endpoint>) -> api::Update {
+    let set_labels = HashMap::from([
+        (labels::NAMESPACE.to_string(), pool.namespace.clone()),
+        (labels::POOL.to_string(), pool.name.clone()),
+    ]);
+    api::Update {
+        update: Some(api::update::Update::Add(api::WeightedAddrSet {
+            addrs: eps.map(|ep| weighted_addr(pool, ep)).collect(),
+            metric_labels: set_labels,
+        })),
+    }
+}
+
+/// One endpoint with its static facts in `metric_labels`.
+pub fn weighted_addr(pool: &PoolRef, ep: &Endpoint) -> api::WeightedAddr {
+    let mut labels = HashMap::from([(labels::POOL.to_string(), pool.name.clone())]);
+    if let Some(model) = &ep.model {
+        labels.insert(labels::MODEL.into(), model.clone());
+    }
+    if let Some(pod) = &ep.pod {
+        labels.insert(labels::POD.into(), pod.clone());
+    }
+    if !ep.lora_adapters.is_empty() {
+        labels.insert(labels::LORA_ADAPTERS.into(), ep.lora_adapters.join(","));
+    }
+    if let Some(acc) = &ep.accelerator {
+        labels.insert(labels::ACCELERATOR.into(), acc.clone());
+    }
+    api::WeightedAddr {
+        addr: Some(ep.addr.into()),
+        weight: DEFAULT_WEIGHT,
+        metric_labels: labels,
+        ..Default::default()
+    }
+}

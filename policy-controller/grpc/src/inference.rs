@@ -1,0 +1,274 @@
+//! Kinference's `InferencePolicies` API over [`DiscoverInferencePolicy`].
+//!
+//! Each message is the parent's complete policy, so a proxy that reconnects needs no
+//! history; a target with no (valid) policy gets a message with no models and a status
+//! saying why.
+
+use crate::{GrpcMetrics, metrics::Tracked, resolve_target};
+use futures::StreamExt;
+use kinference_policy_core::{
+    DiscoverInferencePolicy, DiscoverOutboundPolicy, InferencePolicyState, ParentTarget,
+    ResourceRef,
+    inference::{self as core, BalancerMode, ClassifierKind, FailureMode},
+};
+use kinference_proxy_api::inference::{
+    self as api, classifier, inference_policies_server, inference_target, rule,
+};
+use std::{net::SocketAddr, pin::Pin};
+use tokio_stream::{Stream, wrappers::WatchStream};
+
+const API: &str = "inference";
+
+#[derive(Clone, Debug)]
+pub struct InferencePolicyServer<D> {
+    discover: D,
+    metrics: GrpcMetrics,
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
+
+impl<D> InferencePolicyServer<D>
+where
+    D: DiscoverInferencePolicy + DiscoverOutboundPolicy + Send + Sync + 'static,
+{
+    pub fn new(discover: D, metrics: GrpcMetrics) -> Self {
+        Self { discover, metrics }
+    }
+
+    pub fn svc(self) -> inference_policies_server::InferencePoliciesServer<Self> {
+        inference_policies_server::InferencePoliciesServer::new(self)
+    }
+
+    fn target(&self, t: &api::InferenceTarget) -> Result<ParentTarget, tonic::Status> {
+        match &t.target {
+            Some(inference_target::Target::Authority(a)) => {
+                resolve_target(&self.discover, Some(a), None)
+            }
+            Some(inference_target::Target::Addr(addr)) => {
+                let ip = addr.ip.parse().map_err(|_| {
+                    tonic::Status::invalid_argument(format!("invalid IP address {:?}", addr.ip))
+                })?;
+                let port = u16::try_from(addr.port)
+                    .map_err(|_| tonic::Status::invalid_argument("port out of range"))?;
+                resolve_target(&self.discover, None, Some(SocketAddr::new(ip, port)))
+            }
+            None => resolve_target(&self.discover, None, None),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl<D> inference_policies_server::InferencePolicies for InferencePolicyServer<D>
+where
+    D: DiscoverInferencePolicy + DiscoverOutboundPolicy + Send + Sync + 'static,
+{
+    async fn get(
+        &self,
+        req: tonic::Request<api::InferenceTarget>,
+    ) -> Result<tonic::Response<api::InferencePolicy>, tonic::Status> {
+        let target = self.target(req.get_ref())?;
+        let rx = self
+            .discover
+            .watch_inference_policy(&target)
+            .ok_or_else(|| tonic::Status::not_found(target.authority()))?;
+        let policy = to_proto(&rx.borrow());
+        Ok(tonic::Response::new(policy))
+    }
+
+    type WatchStream = Tracked<BoxStream<api::InferencePolicy>>;
+
+    async fn watch(
+        &self,
+        req: tonic::Request<api::InferenceTarget>,
+    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        let target = self.target(req.get_ref())?;
+        let rx = self
+            .discover
+            .watch_inference_policy(&target)
+            .ok_or_else(|| tonic::Status::not_found(target.authority()))?;
+        let stream: BoxStream<api::InferencePolicy> =
+            Box::pin(WatchStream::new(rx).map(|p| Ok(to_proto(&p))));
+        Ok(tonic::Response::new(self.metrics.track(API, stream)))
+    }
+}
+
+fn resource(r: &ResourceRef) -> api::ResourceRef {
+    api::ResourceRef {
+        group: r.group.clone(),
+        kind: r.kind.clone(),
+        name: r.name.clone(),
+        namespace: r.namespace.clone(),
+        port: r.port.map(u32::from).unwrap_or_default(),
+    }
+}
+
+/// Converts a policy state into the wire message.
+pub fn to_proto(state: &InferencePolicyState) -> api::InferencePolicy {
+    match state {
+        InferencePolicyState::NotFound { parent } => api::InferencePolicy {
+            parent: Some(resource(parent)),
+            status: Some(api::Status {
+                kind: api::status::Kind::NotFound.into(),
+                message: "no InferencePolicy applies to this parent".into(),
+            }),
+            ..Default::default()
+        },
+        InferencePolicyState::Invalid {
+            parent,
+            source,
+            message,
+        } => api::InferencePolicy {
+            parent: Some(resource(parent)),
+            source: Some(resource(source)),
+            status: Some(api::Status {
+                kind: api::status::Kind::Invalid.into(),
+                message: message.clone(),
+            }),
+            ..Default::default()
+        },
+        InferencePolicyState::Served(p) => policy_to_proto(p),
+    }
+}
+
+fn policy_to_proto(p: &core::InferencePolicy) -> api::InferencePolicy {
+    api::InferencePolicy {
+        parent: Some(resource(&p.parent)),
+        source: Some(resource(&p.source)),
+        classifier_sources: p.classifier_sources.iter().map(resource).collect(),
+        revision: p.revision.clone(),
+        models: p.models.iter().map(model).collect(),
+        aliases: p
+            .aliases
+            .iter()
+            .map(|a| api::Alias {
+                name: a.name.clone(),
+                target: a.target.clone(),
+            })
+            .collect(),
+        rules: p.rules.iter().map(rule_to_proto).collect(),
+        classifiers: p.classifiers.iter().map(classifier_to_proto).collect(),
+        balancer: Some(balancer(&p.balancer)),
+        status: Some(api::Status {
+            kind: api::status::Kind::Served.into(),
+            message: String::new(),
+        }),
+    }
+}
+
+fn model(m: &core::Model) -> api::Model {
+    api::Model {
+        name: m.name.clone(),
+        served_name: m.served_name.clone(),
+        backend: Some(api::Backend {
+            pool: Some(resource(&m.pool.resource())),
+            destination_path: m.pool.destination_path(),
+        }),
+        prior: Some(api::Prior {
+            prefill_tokens_per_second: m.prior.prefill_tokens_per_second,
+            time_per_output_token_s: m.prior.time_per_output_token_s,
+        }),
+        price: Some(api::Price {
+            prompt_usd_per_million_tokens: m.price.prompt_per_million_tokens,
+            cached_prompt_usd_per_million_tokens: m.price.cached_prompt_per_million_tokens,
+            completion_usd_per_million_tokens: m.price.completion_per_million_tokens,
+            currency: m.price.currency.clone(),
+        }),
+    }
+}
+
+fn rule_to_proto(r: &core::Rule) -> api::Rule {
+    api::Rule {
+        name: r.name.clone(),
+        r#match: Some(rule::Match {
+            models: r.match_models.clone(),
+            tags: r
+                .match_tags
+                .iter()
+                .map(|t| rule::TagMatch {
+                    name: t.name.clone(),
+                    values: t.values.clone(),
+                    min_confidence: t.min_confidence,
+                })
+                .collect(),
+            workloads: r
+                .match_workloads
+                .iter()
+                .map(|w| rule::WorkloadMatch {
+                    namespace: w.namespace.clone(),
+                    name: w.name.clone(),
+                    match_labels: w.match_labels.clone().into_iter().collect(),
+                    match_expressions: w
+                        .match_expressions
+                        .iter()
+                        .map(|e| rule::LabelExpression {
+                            key: e.key.clone(),
+                            operator: e.operator.clone(),
+                            values: e.values.clone(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }),
+        action: Some(rule::Action {
+            add_models: r.action.add_models.clone(),
+            restrict_to: r.action.restrict_to.clone(),
+            rewrite_to: r.action.rewrite_to.clone().unwrap_or_default(),
+            service_class: r.action.service_class.clone().unwrap_or_default(),
+        }),
+    }
+}
+
+fn classifier_to_proto(c: &core::Classifier) -> api::Classifier {
+    api::Classifier {
+        source: Some(resource(&c.source)),
+        tags: c
+            .tags
+            .iter()
+            .map(|t| classifier::Tag {
+                name: t.name.clone(),
+                kind: match &t.kind {
+                    ClassifierKind::Complexity {
+                        low_threshold,
+                        high_threshold,
+                    } => Some(classifier::tag::Kind::Complexity(classifier::Complexity {
+                        low_threshold: *low_threshold,
+                        high_threshold: *high_threshold,
+                    })),
+                    ClassifierKind::Keywords {
+                        values,
+                        weight,
+                        case_sensitive,
+                    } => Some(classifier::tag::Kind::Keywords(classifier::Keywords {
+                        values: values.clone(),
+                        weight: *weight,
+                        case_sensitive: *case_sensitive,
+                    })),
+                    ClassifierKind::Regex { patterns, weight } => {
+                        Some(classifier::tag::Kind::Regex(classifier::Regex {
+                            patterns: patterns.clone(),
+                            weight: *weight,
+                        }))
+                    }
+                    ClassifierKind::Unsupported { .. } => None,
+                },
+            })
+            .collect(),
+    }
+}
+
+fn balancer(b: &core::Balancer) -> api::Balancer {
+    api::Balancer {
+        freshness_budget: prost_types::Duration::try_from(b.freshness_budget).ok(),
+        failure_mode: match b.failure_mode {
+            FailureMode::FailOpen => api::balancer::FailureMode::FailOpen,
+            FailureMode::FailClose => api::balancer::FailureMode::FailClose,
+        }
+        .into(),
+        tie_window: prost_types::Duration::try_from(b.tie_window).ok(),
+        mode: match b.mode {
+            BalancerMode::Enforce => api::balancer::Mode::Enforce,
+            BalancerMode::Shadow => api::balancer::Mode::Shadow,
+        }
+        .into(),
+    }
+}

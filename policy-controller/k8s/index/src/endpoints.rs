@@ -1,0 +1,175 @@
+//! An InferencePool's ready endpoints and their static facts.
+//!
+//! A pool selects pods by label and serves on its target ports. Endpoints come from
+//! EndpointSlices (whose labels, or whose endpoints' pods, match the selector; only
+//! ports that are target ports count) and from Pods matching the selector (their pod IP
+//! on each target port). Slices are authoritative for an address both name. Facts
+//! (model, LoRA adapters, accelerator) come from the pod's labels, else the slice's.
+
+use crate::{index::Store, labels};
+use k8s_openapi::api::{core::v1::Pod, discovery::v1::EndpointSlice};
+use kinference_api::InferencePool;
+use kinference_policy_core::{Endpoint, PoolEndpoints, PoolRef};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+};
+
+pub(crate) fn pool_endpoints(store: &Store, pool_ref: &PoolRef) -> PoolEndpoints {
+    let Some(pool) = store
+        .pools
+        .get(&(pool_ref.namespace.clone(), pool_ref.name.clone()))
+    else {
+        return PoolEndpoints::default();
+    };
+    let ns = &pool_ref.namespace;
+    let target_ports: Vec<u16> = pool
+        .spec
+        .target_port_numbers()
+        .filter_map(|p| u16::try_from(p).ok())
+        .collect();
+    let mut all = BTreeMap::new();
+
+    for ((pod_ns, _), pod) in store.pods.range((ns.clone(), String::new())..) {
+        if pod_ns != ns {
+            break;
+        }
+        if !selects(pool, pod.metadata.labels.as_ref()) {
+            continue;
+        }
+        for ep in pod_endpoints(pod, &target_ports) {
+            all.insert(ep.addr, ep);
+        }
+    }
+
+    for ((slice_ns, _), slice) in store.slices.range((ns.clone(), String::new())..) {
+        if slice_ns != ns {
+            break;
+        }
+        for ep in slice_endpoints(store, pool, slice, &target_ports) {
+            all.insert(ep.addr, ep);
+        }
+    }
+
+    PoolEndpoints {
+        exists: true,
+        endpoints: all.into_iter().filter(|(_, ep)| ep.ready).collect(),
+    }
+}
+
+fn selects(pool: &InferencePool, labels: Option<&BTreeMap<String, String>>) -> bool {
+    labels.is_some_and(|l| pool.spec.selector.matches(l))
+}
+
+fn label(labels: Option<&BTreeMap<String, String>>, key: &str) -> Option<String> {
+    labels
+        .and_then(|l| l.get(key))
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+fn lora_adapters(labels: Option<&BTreeMap<String, String>>) -> Vec<String> {
+    label(labels, labels::LORA_ADAPTERS)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn pod_endpoints(pod: &Pod, target_ports: &[u16]) -> Vec<Endpoint> {
+    let Some(ip) = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .and_then(|ip| ip.parse::<IpAddr>().ok())
+    else {
+        return vec![];
+    };
+    let labels = pod.metadata.labels.as_ref();
+    let ready = pod_ready(pod);
+    target_ports
+        .iter()
+        .map(|port| Endpoint {
+            addr: SocketAddr::new(ip, *port),
+            pod: pod.metadata.name.clone(),
+            model: label(labels, labels::MODEL),
+            lora_adapters: lora_adapters(labels),
+            accelerator: label(labels, labels::ACCELERATOR),
+            ready,
+        })
+        .collect()
+}
+
+fn slice_endpoints(
+    store: &Store,
+    pool: &InferencePool,
+    slice: &EndpointSlice,
+    target_ports: &[u16],
+) -> Vec<Endpoint> {
+    let ns = slice.metadata.namespace.clone().unwrap_or_default();
+    let slice_labels = slice.metadata.labels.as_ref();
+    let slice_selected = selects(pool, slice_labels);
+    let ports: Vec<u16> = slice
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|p| p.port.and_then(|p| u16::try_from(p).ok()))
+        .filter(|p| target_ports.contains(p))
+        .collect();
+    let mut out = Vec::new();
+    for ep in slice.endpoints.iter().flatten() {
+        let pod_name = ep
+            .target_ref
+            .as_ref()
+            .filter(|r| r.kind.as_deref() == Some("Pod"))
+            .and_then(|r| r.name.clone());
+        let pod = pod_name
+            .as_ref()
+            .and_then(|name| store.pods.get(&(ns.clone(), name.clone())));
+        let pod_labels = pod.and_then(|p| p.metadata.labels.as_ref());
+        if !slice_selected && !selects(pool, pod_labels) {
+            continue;
+        }
+        let fact = |key| label(pod_labels, key).or_else(|| label(slice_labels, key));
+        let adapters = match lora_adapters(pod_labels) {
+            a if a.is_empty() => lora_adapters(slice_labels),
+            a => a,
+        };
+        // A nil `ready` condition means ready, as Kubernetes defines it.
+        let ready = ep
+            .conditions
+            .as_ref()
+            .and_then(|c| c.ready)
+            .unwrap_or(true);
+        for addr in &ep.addresses {
+            let Ok(ip) = addr.parse::<IpAddr>() else {
+                continue;
+            };
+            for port in &ports {
+                out.push(Endpoint {
+                    addr: SocketAddr::new(ip, *port),
+                    pod: pod_name.clone(),
+                    model: fact(labels::MODEL),
+                    lora_adapters: adapters.clone(),
+                    accelerator: fact(labels::ACCELERATOR),
+                    ready,
+                });
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,389 @@
+//! The index: the resources as last applied, and a publisher per watched target.
+//!
+//! Each change recomputes only the targets it can affect (a route's parents, a
+//! namespace's pools or policies) and publishes a new value only when it differs, so a
+//! watching proxy hears about real changes and nothing else.
+
+use crate::{
+    endpoints, inference, outbound,
+    resource::{Resource, ResourceKey, ResourceKind},
+};
+use gateway_api::apis::standard::httproutes::HttpRoute as HTTPRoute;
+use k8s_openapi::api::{
+    core::v1::{Pod, Service},
+    discovery::v1::EndpointSlice,
+};
+use kinference_api::{InferenceClassifier, InferencePolicy, InferencePool};
+use kinference_policy_core::{
+    DiscoverEndpoints, DiscoverInferencePolicy, DiscoverOutboundPolicy, InferencePolicyState,
+    OutboundPolicy, ParentTarget, PoolEndpoints, PoolRef,
+};
+use parking_lot::RwLock;
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+    sync::Arc,
+};
+use tokio::sync::watch;
+
+/// `(namespace, name)`.
+pub(crate) type NsName = (String, String);
+
+/// The resources, by kind.
+#[derive(Debug, Default)]
+pub(crate) struct Store {
+    pub services: BTreeMap<NsName, Service>,
+    pub routes: BTreeMap<NsName, HTTPRoute>,
+    pub pools: BTreeMap<NsName, InferencePool>,
+    pub slices: BTreeMap<NsName, EndpointSlice>,
+    pub pods: BTreeMap<NsName, Pod>,
+    pub policies: BTreeMap<NsName, InferencePolicy>,
+    pub classifiers: BTreeMap<NsName, InferenceClassifier>,
+    /// The routes whose parentRefs name each Service.
+    pub routes_by_parent: HashMap<NsName, BTreeSet<NsName>>,
+}
+
+/// Counts for the controller's metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IndexSizes {
+    pub resources: BTreeMap<ResourceKind, usize>,
+    pub outbound_targets: usize,
+    pub inference_targets: usize,
+    pub pool_targets: usize,
+    pub invalid_policies: usize,
+}
+
+#[derive(Debug, Default)]
+pub struct Index {
+    store: Store,
+    outbound: HashMap<ParentTarget, watch::Sender<OutboundPolicy>>,
+    inference: HashMap<ParentTarget, watch::Sender<InferencePolicyState>>,
+    endpoints: HashMap<PoolRef, watch::Sender<PoolEndpoints>>,
+    /// Validation errors of InferencePolicies (and the classifiers they use), for status.
+    policy_errors: BTreeMap<NsName, String>,
+}
+
+/// The index shared by sources and the gRPC server.
+#[derive(Clone, Debug, Default)]
+pub struct SharedIndex(Arc<RwLock<Index>>);
+
+/// Which publishers a change can affect.
+#[derive(Debug, Default)]
+struct Affected {
+    outbound_all: bool,
+    inference_all: bool,
+    parents: BTreeSet<NsName>,
+    pool_namespaces: BTreeSet<String>,
+}
+
+impl Index {
+    pub fn shared() -> SharedIndex {
+        SharedIndex::default()
+    }
+
+    /// Adds or replaces a resource and publishes what changed.
+    pub fn apply(&mut self, resource: Resource) {
+        let key = resource.key();
+        let id = (key.namespace.clone(), key.name.clone());
+        let mut affected = Affected::default();
+        let s = &mut self.store;
+        match resource {
+            Resource::Service(r) => {
+                affected.parents.insert(id.clone());
+                s.services.insert(id, *r);
+            }
+            Resource::HttpRoute(r) => {
+                let new_parents = outbound::route_parents(&r);
+                if let Some(old) = s.routes.get(&id) {
+                    affected.parents.extend(outbound::route_parents(old));
+                }
+                for p in affected.parents.iter() {
+                    if let Some(set) = s.routes_by_parent.get_mut(p) {
+                        set.remove(&id);
+                    }
+                }
+                for p in &new_parents {
+                    s.routes_by_parent
+                        .entry(p.clone())
+                        .or_default()
+                        .insert(id.clone());
+                }
+                affected.parents.extend(new_parents);
+                s.routes.insert(id, *r);
+            }
+            Resource::InferencePool(r) => {
+                affected.outbound_all = true;
+                affected.inference_all = true;
+                affected.pool_namespaces.insert(key.namespace);
+                s.pools.insert(id, *r);
+            }
+            Resource::EndpointSlice(r) => {
+                affected.pool_namespaces.insert(key.namespace);
+                s.slices.insert(id, *r);
+            }
+            Resource::Pod(r) => {
+                affected.pool_namespaces.insert(key.namespace);
+                s.pods.insert(id, *r);
+            }
+            Resource::InferencePolicy(r) => {
+                affected.inference_all = true;
+                s.policies.insert(id, *r);
+            }
+            Resource::InferenceClassifier(r) => {
+                affected.inference_all = true;
+                s.classifiers.insert(id, *r);
+            }
+        }
+        self.publish(affected);
+    }
+
+    /// Removes a resource (if present) and publishes what changed.
+    pub fn delete(&mut self, key: &ResourceKey) {
+        let id = (key.namespace.clone(), key.name.clone());
+        let mut affected = Affected::default();
+        let s = &mut self.store;
+        let removed = match key.kind {
+            ResourceKind::Service => {
+                affected.parents.insert(id.clone());
+                s.services.remove(&id).is_some()
+            }
+            ResourceKind::HttpRoute => match s.routes.remove(&id) {
+                Some(old) => {
+                    for p in outbound::route_parents(&old) {
+                        if let Some(set) = s.routes_by_parent.get_mut(&p) {
+                            set.remove(&id);
+                            if set.is_empty() {
+                                s.routes_by_parent.remove(&p);
+                            }
+                        }
+                        affected.parents.insert(p);
+                    }
+                    true
+                }
+                None => false,
+            },
+            ResourceKind::InferencePool => {
+                affected.outbound_all = true;
+                affected.inference_all = true;
+                affected.pool_namespaces.insert(key.namespace.clone());
+                s.pools.remove(&id).is_some()
+            }
+            ResourceKind::EndpointSlice => {
+                affected.pool_namespaces.insert(key.namespace.clone());
+                s.slices.remove(&id).is_some()
+            }
+            ResourceKind::Pod => {
+                affected.pool_namespaces.insert(key.namespace.clone());
+                s.pods.remove(&id).is_some()
+            }
+            ResourceKind::InferencePolicy => {
+                affected.inference_all = true;
+                s.policies.remove(&id).is_some()
+            }
+            ResourceKind::InferenceClassifier => {
+                affected.inference_all = true;
+                s.classifiers.remove(&id).is_some()
+            }
+        };
+        if removed {
+            self.publish(affected);
+        }
+    }
+
+    /// The keys of every resource in the index.
+    pub fn keys(&self) -> BTreeSet<ResourceKey> {
+        let s = &self.store;
+        let mut keys = BTreeSet::new();
+        let mut add = |kind, ids: &mut dyn Iterator<Item = &NsName>| {
+            for (namespace, name) in ids {
+                keys.insert(ResourceKey {
+                    kind,
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                });
+            }
+        };
+        add(ResourceKind::Service, &mut s.services.keys());
+        add(ResourceKind::HttpRoute, &mut s.routes.keys());
+        add(ResourceKind::InferencePool, &mut s.pools.keys());
+        add(ResourceKind::EndpointSlice, &mut s.slices.keys());
+        add(ResourceKind::Pod, &mut s.pods.keys());
+        add(ResourceKind::InferencePolicy, &mut s.policies.keys());
+        add(ResourceKind::InferenceClassifier, &mut s.classifiers.keys());
+        keys
+    }
+
+    pub fn sizes(&self) -> IndexSizes {
+        let s = &self.store;
+        IndexSizes {
+            resources: BTreeMap::from([
+                (ResourceKind::Service, s.services.len()),
+                (ResourceKind::HttpRoute, s.routes.len()),
+                (ResourceKind::InferencePool, s.pools.len()),
+                (ResourceKind::EndpointSlice, s.slices.len()),
+                (ResourceKind::Pod, s.pods.len()),
+                (ResourceKind::InferencePolicy, s.policies.len()),
+                (ResourceKind::InferenceClassifier, s.classifiers.len()),
+            ]),
+            outbound_targets: self.outbound.len(),
+            inference_targets: self.inference.len(),
+            pool_targets: self.endpoints.len(),
+            invalid_policies: self.policy_errors.len(),
+        }
+    }
+
+    /// The validation errors of every InferencePolicy that a watched target selected and
+    /// that is not served, by `(namespace, name)`. The Kubernetes source writes these
+    /// into status conditions.
+    pub fn policy_errors(&self) -> &BTreeMap<NsName, String> {
+        &self.policy_errors
+    }
+
+    pub fn outbound_policy(&self, target: &ParentTarget) -> OutboundPolicy {
+        outbound::policy(&self.store, target)
+    }
+
+    pub fn inference_policy(&self, target: &ParentTarget) -> InferencePolicyState {
+        inference::policy(&self.store, target).0
+    }
+
+    pub fn pool_endpoints(&self, pool: &PoolRef) -> PoolEndpoints {
+        endpoints::pool_endpoints(&self.store, pool)
+    }
+
+    fn publish(&mut self, affected: Affected) {
+        let store = &self.store;
+        self.outbound.retain(|target, tx| {
+            if tx.receiver_count() == 0 {
+                return false;
+            }
+            let key = (target.namespace.clone(), target.name.clone());
+            if affected.outbound_all || affected.parents.contains(&key) {
+                let next = outbound::policy(store, target);
+                tx.send_if_modified(|cur| replace_if_changed(cur, next));
+            }
+            true
+        });
+        let policy_errors = &mut self.policy_errors;
+        self.inference.retain(|target, tx| {
+            if tx.receiver_count() == 0 {
+                return false;
+            }
+            let key = (target.namespace.clone(), target.name.clone());
+            if affected.inference_all || affected.parents.contains(&key)
+            {
+                let (next, error) = inference::policy(store, target);
+                record_error(policy_errors, &next, error);
+                tx.send_if_modified(|cur| replace_if_changed(cur, next));
+            }
+            true
+        });
+        // Forget errors of policies that no longer exist.
+        policy_errors.retain(|id, _| store.policies.contains_key(id));
+        self.endpoints.retain(|pool, tx| {
+            if tx.receiver_count() == 0 {
+                return false;
+            }
+            if affected.pool_namespaces.contains(&pool.namespace) {
+                let next = endpoints::pool_endpoints(store, pool);
+                tx.send_if_modified(|cur| replace_if_changed(cur, next));
+            }
+            true
+        });
+    }
+}
+
+fn record_error(
+    errors: &mut BTreeMap<NsName, String>,
+    state: &InferencePolicyState,
+    error: Option<(NsName, String)>,
+) {
+    if let InferencePolicyState::Served(p) = state {
+        errors.remove(&(p.source.namespace.clone(), p.source.name.clone()));
+    }
+    if let Some((id, message)) = error {
+        errors.insert(id, message);
+    }
+}
+
+fn replace_if_changed<T: PartialEq>(cur: &mut T, next: T) -> bool {
+    if *cur == next {
+        return false;
+    }
+    *cur = next;
+    true
+}
+
+impl SharedIndex {
+    pub fn read(&self) -> parking_lot::RwLockReadGuard<'_, Index> {
+        self.0.read()
+    }
+
+    pub fn write(&self) -> parking_lot::RwLockWriteGuard<'_, Index> {
+        self.0.write()
+    }
+}
+
+impl DiscoverOutboundPolicy for SharedIndex {
+    fn watch_outbound_policy(
+        &self,
+        target: &ParentTarget,
+    ) -> Option<watch::Receiver<OutboundPolicy>> {
+        if let Some(tx) = self.0.read().outbound.get(target) {
+            return Some(tx.subscribe());
+        }
+        let mut index = self.0.write();
+        let index = &mut *index;
+        let store = &index.store;
+        let tx = index
+            .outbound
+            .entry(target.clone())
+            .or_insert_with(|| watch::Sender::new(outbound::policy(store, target)));
+        Some(tx.subscribe())
+    }
+
+    fn lookup_ip(&self, ip: IpAddr, port: u16) -> Option<ParentTarget> {
+        outbound::lookup_ip(&self.0.read().store, ip, port)
+    }
+}
+
+impl DiscoverInferencePolicy for SharedIndex {
+    fn watch_inference_policy(
+        &self,
+        target: &ParentTarget,
+    ) -> Option<watch::Receiver<InferencePolicyState>> {
+        if let Some(tx) = self.0.read().inference.get(target) {
+            return Some(tx.subscribe());
+        }
+        let mut index = self.0.write();
+        let index = &mut *index;
+        if let Some(tx) = index.inference.get(target) {
+            return Some(tx.subscribe());
+        }
+        let (state, error) = inference::policy(&index.store, target);
+        record_error(&mut index.policy_errors, &state, error);
+        let tx = watch::Sender::new(state);
+        let rx = tx.subscribe();
+        index.inference.insert(target.clone(), tx);
+        Some(rx)
+    }
+}
+
+impl DiscoverEndpoints for SharedIndex {
+    fn watch_endpoints(&self, pool: &PoolRef) -> Option<watch::Receiver<PoolEndpoints>> {
+        if let Some(tx) = self.0.read().endpoints.get(pool) {
+            return Some(tx.subscribe());
+        }
+        let mut index = self.0.write();
+        let index = &mut *index;
+        let store = &index.store;
+        let tx = index
+            .endpoints
+            .entry(pool.clone())
+            .or_insert_with(|| watch::Sender::new(endpoints::pool_endpoints(store, pool)));
+        Some(tx.subscribe())
+    }
+}
+
+#[cfg(test)]
+mod tests;

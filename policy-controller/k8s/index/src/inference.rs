@@ -1,0 +1,307 @@
+//! InferencePolicies and InferenceClassifiers, translated into a parent's inference
+//! policy.
+//!
+//! A parent Service's policy is the first of: a policy targeting the Service itself, a
+//! policy targeting an HTTPRoute attached to it, a policy targeting an InferencePool
+//! that such a route sends to (ties broken by namespace and name). A policy is served
+//! only when it, and the classifier it names, pass the API's validation; otherwise the
+//! parent has no policy and the errors are kept for status.
+
+use crate::{
+    index::{NsName, Store},
+    outbound::attached_routes,
+};
+use kinference_api::{
+    InferenceClassifier, InferencePolicy as PolicyResource,
+    classifier::TagSource,
+    policy::{self as api, BalancerMode, FailureMode},
+};
+use kinference_policy_core::{
+    InferencePolicy, InferencePolicyState, ParentTarget, PoolRef, ResourceRef,
+    inference::{
+        self as core, Alias, Balancer, Classifier, ClassifierKind, ClassifierTag, LabelExpression,
+        Model, Price, Prior, Rule, RuleAction,
+    },
+};
+use std::hash::{Hash, Hasher};
+
+const POLICY_GROUP: &str = kinference_api::policy::GROUP;
+
+/// The policy state of `target`, and the validation error of the selected policy.
+pub(crate) fn policy(
+    store: &Store,
+    target: &ParentTarget,
+) -> (InferencePolicyState, Option<(NsName, String)>) {
+    let parent = target.resource();
+    let Some((id, resource)) = select(store, target) else {
+        return (InferencePolicyState::NotFound { parent }, None);
+    };
+    let source = ResourceRef::new(POLICY_GROUP, api::KIND, &id.0, &id.1);
+    let ns = &id.0;
+    let in_ns = |k: &NsName| &k.0 == ns;
+    let classifiers: Vec<_> = store
+        .classifiers
+        .iter()
+        .filter(|(k, _)| in_ns(k))
+        .map(|(_, c)| c.clone())
+        .collect();
+    let pools: Vec<_> = store
+        .pools
+        .iter()
+        .filter(|(k, _)| in_ns(k))
+        .map(|(_, p)| p.clone())
+        .collect();
+
+    let classifier = resource
+        .spec
+        .classifier_ref
+        .as_ref()
+        .and_then(|r| store.classifiers.get(&(ns.clone(), r.name.clone())));
+    let mut errors = Vec::new();
+    if let Err(e) = kinference_api::validate_policy(resource, &classifiers, &pools) {
+        errors.push(e.to_string());
+    }
+    if let Some(c) = classifier
+        && let Err(e) = kinference_api::validate_classifier(c)
+    {
+        let name = c.metadata.name.as_deref().unwrap_or_default();
+        errors.push(format!("InferenceClassifier {ns}/{name}: {e}"));
+    }
+    if !errors.is_empty() {
+        let message = errors.join("; ");
+        return (
+            InferencePolicyState::Invalid {
+                parent,
+                source,
+                message: message.clone(),
+            },
+            Some((id.clone(), message)),
+        );
+    }
+    match translate(parent.clone(), source.clone(), resource, classifier) {
+        Ok(policy) => (InferencePolicyState::Served(Box::new(policy)), None),
+        Err(message) => (
+            InferencePolicyState::Invalid {
+                parent,
+                source,
+                message: message.clone(),
+            },
+            Some((id.clone(), message)),
+        ),
+    }
+}
+
+/// The policy that applies to `target`, by the precedence in the module docs.
+fn select<'s>(store: &'s Store, target: &ParentTarget) -> Option<(&'s NsName, &'s PolicyResource)> {
+    let routes = attached_routes(store, target);
+    let pools: Vec<(String, String)> = routes
+        .iter()
+        .flat_map(|(id, r)| {
+            r.spec
+                .rules
+                .iter()
+                .flatten()
+                .flat_map(|rule| rule.backend_refs.iter().flatten())
+                .filter(|b| {
+                    b.group.as_deref() == Some(kinference_api::pool::GROUP)
+                        && b.kind.as_deref() == Some(kinference_api::pool::KIND)
+                })
+                .map(|b| (b.namespace.clone().unwrap_or_else(|| id.0.clone()), b.name.clone()))
+        })
+        .collect();
+    store
+        .policies
+        .iter()
+        .filter_map(|(id, p)| {
+            let t = &p.spec.target_ref;
+            let group = t.group.as_str();
+            let rank = if matches!(group, "" | "core")
+                && t.kind == "Service"
+                && id.0 == target.namespace
+                && t.name == target.name
+            {
+                0
+            } else if group == "gateway.networking.k8s.io"
+                && t.kind == "HTTPRoute"
+                && routes.iter().any(|(r, _)| r.0 == id.0 && r.1 == t.name)
+            {
+                1
+            } else if group == kinference_api::pool::GROUP
+                && t.kind == kinference_api::pool::KIND
+                && pools.iter().any(|(ns, name)| *ns == id.0 && *name == t.name)
+            {
+                2
+            } else {
+                return None;
+            };
+            Some((rank, id, p))
+        })
+        .min_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)))
+        .map(|(_, id, p)| (id, p))
+}
+
+fn revision(policy: &PolicyResource, classifier: Option<&InferenceClassifier>) -> String {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(&policy.spec)
+        .unwrap_or_default()
+        .hash(&mut h);
+    if let Some(c) = classifier {
+        c.metadata.name.hash(&mut h);
+        serde_json::to_string(&c.spec).unwrap_or_default().hash(&mut h);
+    }
+    format!("{:016x}", h.finish())
+}
+
+/// Translates a validated policy. Errors here are ones validation should have caught.
+pub(crate) fn translate(
+    parent: ResourceRef,
+    source: ResourceRef,
+    resource: &PolicyResource,
+    classifier: Option<&InferenceClassifier>,
+) -> Result<InferencePolicy, String> {
+    let ns = &source.namespace.clone();
+    let spec = &resource.spec;
+    let balancer = Balancer {
+        freshness_budget: spec
+            .balancer
+            .freshness_budget
+            .parse()
+            .map_err(|e| format!("spec.balancer.freshnessBudget: {e}"))?,
+        failure_mode: match spec.balancer.failure_mode {
+            FailureMode::FailOpen => core::FailureMode::FailOpen,
+            FailureMode::FailClose => core::FailureMode::FailClose,
+        },
+        tie_window: spec
+            .balancer
+            .tie_window
+            .parse()
+            .map_err(|e| format!("spec.balancer.tieWindow: {e}"))?,
+        mode: match spec.balancer.mode {
+            BalancerMode::Enforce => core::BalancerMode::Enforce,
+            BalancerMode::Shadow => core::BalancerMode::Shadow,
+        },
+    };
+    let classifiers = classifier
+        .map(|c| Classifier {
+            source: ResourceRef::new(
+                POLICY_GROUP,
+                kinference_api::classifier::KIND,
+                ns,
+                c.metadata.name.as_deref().unwrap_or_default(),
+            ),
+            tags: c.spec.tags.iter().map(tag).collect(),
+        })
+        .into_iter()
+        .collect::<Vec<_>>();
+    Ok(InferencePolicy {
+        parent,
+        classifier_sources: classifiers.iter().map(|c| c.source.clone()).collect(),
+        source,
+        revision: revision(resource, classifier),
+        models: spec.models.iter().map(|m| model(ns, m)).collect(),
+        aliases: spec
+            .aliases
+            .iter()
+            .map(|a| Alias {
+                name: a.name.clone(),
+                target: a.target.clone(),
+            })
+            .collect(),
+        rules: spec.rules.iter().map(rule).collect(),
+        classifiers,
+        balancer,
+    })
+}
+
+fn model(ns: &str, m: &api::Model) -> Model {
+    Model {
+        name: m.name.clone(),
+        served_name: m.served_name().to_string(),
+        pool: PoolRef::new(ns, &m.pool_ref.name),
+        prior: Prior {
+            prefill_tokens_per_second: m.prior.prefill_tokens_per_second,
+            time_per_output_token_s: m.prior.time_per_output_token_ms / 1_000.0,
+        },
+        price: m
+            .price
+            .as_ref()
+            .map(|p| Price {
+                prompt_per_million_tokens: p.prompt_per_million,
+                cached_prompt_per_million_tokens: p.cached_per_million(),
+                completion_per_million_tokens: p.completion_per_million,
+                currency: p.currency().to_string(),
+            })
+            .unwrap_or_default(),
+    }
+}
+
+fn rule(r: &api::PolicyRule) -> Rule {
+    Rule {
+        name: r.name.clone(),
+        match_models: r.r#match.models.clone(),
+        match_tags: r
+            .r#match
+            .tags
+            .iter()
+            .map(|t| core::TagMatch {
+                name: t.name.clone(),
+                values: t.values.clone(),
+                min_confidence: t.min_confidence(),
+            })
+            .collect(),
+        match_workloads: r
+            .r#match
+            .workloads
+            .iter()
+            .map(|w| core::WorkloadMatch {
+                namespace: w.namespace.clone().unwrap_or_default(),
+                name: w.name.clone().unwrap_or_default(),
+                match_labels: w
+                    .selector
+                    .as_ref()
+                    .and_then(|s| s.match_labels.clone())
+                    .unwrap_or_default(),
+                match_expressions: w
+                    .selector
+                    .as_ref()
+                    .and_then(|s| s.match_expressions.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .map(|e| LabelExpression {
+                        key: e.key.clone(),
+                        operator: e.operator.clone(),
+                        values: e.values.clone().unwrap_or_default(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        action: RuleAction {
+            add_models: r.action.add_models.clone(),
+            restrict_to: r.action.restrict_to.clone(),
+            rewrite_to: r.action.rewrite_to.clone(),
+            service_class: r.action.service_class.map(|c| format!("{c:?}")),
+        },
+    }
+}
+
+fn tag(t: &kinference_api::classifier::ClassifierTag) -> ClassifierTag {
+    let kind = match &t.source {
+        TagSource::Complexity(c) => ClassifierKind::Complexity {
+            low_threshold: c.thresholds.low,
+            high_threshold: c.thresholds.high,
+        },
+        TagSource::Keywords(k) => ClassifierKind::Keywords {
+            values: k.values.clone(),
+            weight: k.weight,
+            case_sensitive: k.case_sensitive,
+        },
+        TagSource::Regex(r) => ClassifierKind::Regex {
+            patterns: r.patterns.clone(),
+            weight: r.weight,
+        },
+    };
+    ClassifierTag {
+        name: t.name.clone(),
+        kind,
+    }
+}

@@ -1,0 +1,173 @@
+//! `kinference-classify-eval`: routing quality of the compiled-in complexity model on the held-out
+//! split of RouteLLM's MMLU and GSM8K prompts (contaminated prompts excluded).
+//!
+//! Writes `classification/curve_<dataset>.csv` and `classification/quality.json` under `--out`, and
+//! replaces the quality section of `--out/classification.md` between its markers.
+//!
+//!     cargo run --release -p kinference-classify --bin kinference-classify-eval -- \
+//!         --data ../shared/classify --out docs/benchmarks
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use kinference_classify::{
+    ClassifierSet, Prompt,
+    complexity::{quality, train::Outcome},
+    dataset::{self, Dataset, Split},
+};
+use std::{fmt::Write as _, path::PathBuf};
+
+#[derive(Debug, Parser)]
+struct Args {
+    #[arg(long, default_value = "../shared/classify")]
+    data: PathBuf,
+    #[arg(long, default_value = "docs/benchmarks")]
+    out: PathBuf,
+}
+
+const BEGIN: &str = "<!-- quality:begin (written by kinference-classify-eval) -->";
+const END: &str = "<!-- quality:end -->";
+
+/// RouteLLM's published GPT-4 call reduction at 95% of GPT-4's quality (arXiv 2406.18665).
+fn published(d: Dataset) -> f32 {
+    match d {
+        Dataset::Mmlu => 0.45,
+        Dataset::Gsm8k => 0.35,
+    }
+}
+
+#[derive(serde::Serialize)]
+struct Report {
+    dataset: String,
+    test_prompts: usize,
+    contaminated_excluded: usize,
+    weak_accuracy: f32,
+    strong_accuracy: f32,
+    auc: f32,
+    weak_share_at_95: f32,
+    random_weak_share_at_95: f32,
+    routellm_published_at_95: f32,
+    low_share: f32,
+    weak_accuracy_on_low: f32,
+    strong_accuracy_on_low: f32,
+    high_share: f32,
+    weak_accuracy_on_high: f32,
+    strong_accuracy_on_high: f32,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let rows = dataset::load(&args.data).context("loading the labelled prompts")?;
+    let set = ClassifierSet::builtin();
+    let dir = args.out.join("classification");
+    std::fs::create_dir_all(&dir)?;
+    let mut reports = Vec::new();
+    for d in [Dataset::Mmlu, Dataset::Gsm8k] {
+        let test: Vec<_> = rows
+            .iter()
+            .filter(|r| r.dataset == d && r.split() == Split::Test)
+            .collect();
+        let contaminated = test.iter().filter(|r| r.contaminated).count();
+        let mut outcomes = Vec::new();
+        let mut levels = Vec::new();
+        for r in test.iter().filter(|r| !r.contaminated) {
+            let e = set.explain(Prompt::Completion(&r.prompt));
+            let Some(c) = e.get("complexity") else {
+                bail!("no complexity tag")
+            };
+            outcomes.push(Outcome {
+                score: c.score.unwrap_or(0.0),
+                weak_correct: r.weak_correct,
+                strong_correct: r.strong_correct,
+            });
+            levels.push(c.tag.value.clone());
+        }
+        let pick = |level: &str| -> Vec<Outcome> {
+            outcomes
+                .iter()
+                .zip(&levels)
+                .filter(|(_, l)| *l == level)
+                .map(|(o, _)| *o)
+                .collect()
+        };
+        let (low, high) = (pick("low"), pick("high"));
+        let n = outcomes.len() as f32;
+        let report = Report {
+            dataset: d.to_string(),
+            test_prompts: outcomes.len(),
+            contaminated_excluded: contaminated,
+            weak_accuracy: quality::weak_accuracy(&outcomes),
+            strong_accuracy: quality::strong_accuracy(&outcomes),
+            auc: quality::auc(&outcomes),
+            weak_share_at_95: quality::weak_share_at_quality(&outcomes, 0.95),
+            random_weak_share_at_95: quality::random_weak_share_at_quality(&outcomes, 0.95),
+            routellm_published_at_95: published(d),
+            low_share: low.len() as f32 / n,
+            weak_accuracy_on_low: quality::weak_accuracy(&low),
+            strong_accuracy_on_low: quality::strong_accuracy(&low),
+            high_share: high.len() as f32 / n,
+            weak_accuracy_on_high: quality::weak_accuracy(&high),
+            strong_accuracy_on_high: quality::strong_accuracy(&high),
+        };
+        let mut csv = String::from("weak_share,accuracy,random_accuracy\n");
+        for p in quality::curve(&outcomes, 100) {
+            writeln!(
+                csv,
+                "{:.2},{:.5},{:.5}",
+                p.weak_share, p.accuracy, p.random_accuracy
+            )?;
+        }
+        std::fs::write(
+            dir.join(format!("curve_{}.csv", d.to_string().to_lowercase())),
+            csv,
+        )?;
+        reports.push(report);
+    }
+    std::fs::write(
+        dir.join("quality.json"),
+        serde_json::to_string_pretty(&reports)?,
+    )?;
+
+    let pct = |x: f32| format!("{:.1}%", 100.0 * x);
+    let mut md = String::new();
+    writeln!(md, "{BEGIN}")?;
+    writeln!(
+        md,
+        "| dataset | test prompts (contaminated excluded) | weak acc | strong acc | AUC (needs strong) | weak share at 95% of strong: classifier | random | RouteLLM published | tagged low | weak acc on low | strong acc on low | tagged high | weak / strong acc on high |"
+    )?;
+    writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")?;
+    for r in &reports {
+        writeln!(
+            md,
+            "| {} | {} ({}) | {} | {} | {:.3} | {} | {} | {} | {} | {} | {} | {} | {} / {} |",
+            r.dataset,
+            r.test_prompts,
+            r.contaminated_excluded,
+            pct(r.weak_accuracy),
+            pct(r.strong_accuracy),
+            r.auc,
+            pct(r.weak_share_at_95),
+            pct(r.random_weak_share_at_95),
+            pct(r.routellm_published_at_95),
+            pct(r.low_share),
+            pct(r.weak_accuracy_on_low),
+            pct(r.strong_accuracy_on_low),
+            pct(r.high_share),
+            pct(r.weak_accuracy_on_high),
+            pct(r.strong_accuracy_on_high),
+        )?;
+    }
+    writeln!(md, "{END}")?;
+    print!("{md}");
+
+    let doc = args.out.join("classification.md");
+    let old = std::fs::read_to_string(&doc).unwrap_or_default();
+    let new = match (old.find(BEGIN), old.find(END)) {
+        (Some(b), Some(e)) if b < e => {
+            format!("{}{}{}", &old[..b], md.trim_end(), &old[e + END.len()..])
+        }
+        _ => format!("{old}\n{md}"),
+    };
+    std::fs::write(&doc, new).with_context(|| format!("writing {}", doc.display()))?;
+    eprintln!("wrote {} and {}", doc.display(), dir.display());
+    Ok(())
+}

@@ -1,0 +1,287 @@
+//! PII detector: e-mail addresses, phone numbers, payment cards (Luhn) and IBANs (mod 97).
+//!
+//! Regexes find candidates; checksums confirm cards and IBANs so that an order number or a 16-digit
+//! id is not mistaken for a card. Only the KINDS found and their counts leave this module, never the
+//! matched text.
+
+use crate::{ClassifierId, DetectorKind, input::View, tag::Out};
+use regex::{Regex, RegexSet};
+use std::sync::LazyLock;
+
+static EMAIL: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i-u)\b[a-z0-9._%+-]+@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}\b").expect("valid")
+});
+static PHONE_E164: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?-u)\+[1-9](?:[ .-]?\d){7,14}\b").expect("valid"));
+static PHONE_NANP: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?-u)(?:\(\b[2-9]\d{2}\)\s?|\b[2-9]\d{2}[ .-])[2-9]\d{2}[ .-]\d{4}\b")
+        .expect("valid")
+});
+static CARD: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?-u)\b\d(?:[ -]?\d){12,18}\b").expect("valid"));
+static IBAN: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?-u)\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}\b").expect("valid"));
+
+/// One pass that says which candidate regexes can match at all; most prompts hold no PII, and then
+/// this is the only pass.
+static ANY: LazyLock<RegexSet> = LazyLock::new(|| {
+    RegexSet::new([
+        EMAIL.as_str(),
+        PHONE_E164.as_str(),
+        PHONE_NANP.as_str(),
+        CARD.as_str(),
+        IBAN.as_str(),
+    ])
+    .expect("valid")
+});
+
+/// The kinds of PII.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PiiKind {
+    Email,
+    Phone,
+    PaymentCard,
+    Iban,
+}
+
+impl PiiKind {
+    pub const ALL: [Self; 4] = [Self::Email, Self::Phone, Self::PaymentCard, Self::Iban];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Email => "email",
+            Self::Phone => "phone",
+            Self::PaymentCard => "payment-card",
+            Self::Iban => "iban",
+        }
+    }
+
+    /// How sure a match of this kind is PII: checksummed kinds are near certain.
+    fn confidence(self) -> f32 {
+        match self {
+            Self::Email => 0.95,
+            Self::Phone => 0.8,
+            Self::PaymentCard | Self::Iban => 0.99,
+        }
+    }
+}
+
+/// Counts of PII found, per kind (in [`PiiKind::ALL`] order).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PiiCounts(pub [usize; 4]);
+
+impl PiiCounts {
+    pub fn get(&self, kind: PiiKind) -> usize {
+        self.0[kind as usize]
+    }
+
+    pub fn any(&self) -> bool {
+        self.0.iter().any(|&n| n > 0)
+    }
+}
+
+/// Finds PII in `text`.
+pub fn scan_text(text: &str, counts: &mut PiiCounts) {
+    let candidates = ANY.matches(text);
+    if !candidates.matched_any() {
+        return;
+    }
+    if candidates.matched(0) {
+        counts.0[PiiKind::Email as usize] += EMAIL.find_iter(text).count();
+    }
+    let mut card_spans = Vec::new();
+    for m in CARD.find_iter(text).take_while(|_| candidates.matched(3)) {
+        if luhn_valid(m.as_str()) {
+            counts.0[PiiKind::PaymentCard as usize] += 1;
+            card_spans.push(m.range());
+        }
+    }
+    let overlaps_card = |r: std::ops::Range<usize>| {
+        card_spans
+            .iter()
+            .any(|c| r.start < c.end && c.start < r.end)
+    };
+    if candidates.matched(1) {
+        counts.0[PiiKind::Phone as usize] += PHONE_E164
+            .find_iter(text)
+            .filter(|m| !overlaps_card(m.range()))
+            .count();
+    }
+    if candidates.matched(2) {
+        counts.0[PiiKind::Phone as usize] += PHONE_NANP
+            .find_iter(text)
+            .filter(|m| !overlaps_card(m.range()))
+            .count();
+    }
+    if candidates.matched(4) {
+        counts.0[PiiKind::Iban as usize] += IBAN
+            .find_iter(text)
+            .filter(|m| iban_prefix_valid(m.as_str()))
+            .count();
+    }
+}
+
+/// The Luhn check over the digits of `s` (separators ignored), for 13 to 19 digits.
+pub fn luhn_valid(s: &str) -> bool {
+    let digits: Vec<u32> = s.chars().filter_map(|c| c.to_digit(10)).collect();
+    if !(13..=19).contains(&digits.len()) {
+        return false;
+    }
+    let sum: u32 = digits
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, &d)| {
+            if i % 2 == 1 {
+                let d2 = d * 2;
+                if d2 > 9 { d2 - 9 } else { d2 }
+            } else {
+                d
+            }
+        })
+        .sum();
+    sum.is_multiple_of(10)
+}
+
+/// The IBAN mod-97 check (ISO 13616) over `s` with spaces removed.
+pub fn iban_valid(s: &str) -> bool {
+    let compact: Vec<u8> = s.bytes().filter(|b| *b != b' ').collect();
+    if !(15..=34).contains(&compact.len()) || !compact.iter().all(u8::is_ascii_alphanumeric) {
+        return false;
+    }
+    let (head, rest) = compact.split_at(4);
+    let mut rem: u32 = 0;
+    for &b in rest.iter().chain(head) {
+        let v = match b {
+            b'0'..=b'9' => u32::from(b - b'0'),
+            b'A'..=b'Z' => u32::from(b - b'A') + 10,
+            _ => return false,
+        };
+        rem = if v >= 10 {
+            (rem * 100 + v) % 97
+        } else {
+            (rem * 10 + v) % 97
+        };
+    }
+    rem == 1
+}
+
+/// A regex candidate may run into the next upper-case word; accept it when some prefix is an IBAN.
+fn iban_prefix_valid(s: &str) -> bool {
+    (15..=s.len())
+        .rev()
+        .any(|end| s.is_char_boundary(end) && iban_valid(&s[..end]))
+}
+
+pub(crate) fn detect(view: &View<'_>, out: &mut Out) {
+    let mut counts = PiiCounts::default();
+    for piece in view.last_turn().chain(view.context.iter().copied()) {
+        scan_text(piece, &mut counts);
+    }
+    let source = ClassifierId::Detector(DetectorKind::Pii);
+    let found: Vec<PiiKind> = PiiKind::ALL
+        .into_iter()
+        .filter(|k| counts.get(*k) > 0)
+        .collect();
+    let confidence = found
+        .iter()
+        .map(|k| k.confidence())
+        .fold(None, |a: Option<f32>, c| Some(a.map_or(c, |a| a.max(c))));
+    let (value, confidence) = match confidence {
+        Some(c) => ("true", c),
+        // Regexes miss unusual formats: "no PII" is never certain.
+        None => ("false", 0.9),
+    };
+    out.push("pii", value, confidence, source.clone(), None, || {
+        PiiKind::ALL
+            .into_iter()
+            .filter(|k| counts.get(*k) > 0)
+            .map(|k| (format!("pii:{}", k.as_str()), counts.get(k) as f32))
+            .collect()
+    });
+    for kind in found {
+        out.push(
+            &format!("pii.{}", kind.as_str()),
+            "true",
+            kind.confidence(),
+            source.clone(),
+            Some(counts.get(kind) as f32),
+            || vec![(format!("pii:{}", kind.as_str()), counts.get(kind) as f32)],
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(text: &str) -> PiiCounts {
+        let mut c = PiiCounts::default();
+        scan_text(text, &mut c);
+        c
+    }
+
+    #[test]
+    fn email() {
+        assert_eq!(
+            counts("write to jane.doe+x@example.co.uk today").get(PiiKind::Email),
+            1
+        );
+        assert_eq!(
+            counts("the @ sign and user@localhost").get(PiiKind::Email),
+            0
+        );
+    }
+
+    #[test]
+    fn phone() {
+        assert_eq!(counts("call +44 20 7946 0958 now").get(PiiKind::Phone), 1);
+        assert_eq!(
+            counts("call (415) 555-2671 or 212.555.0143").get(PiiKind::Phone),
+            2
+        );
+        // Too few digits, and a year range, are not phone numbers.
+        assert_eq!(
+            counts("room 555-1234, years 1999-2024").get(PiiKind::Phone),
+            0
+        );
+    }
+
+    #[test]
+    fn payment_card_needs_luhn() {
+        assert!(luhn_valid("4111 1111 1111 1111"));
+        assert!(luhn_valid("5500-0000-0000-0004"));
+        assert!(!luhn_valid("4111 1111 1111 1112"));
+        assert_eq!(
+            counts("my card is 4111 1111 1111 1111").get(PiiKind::PaymentCard),
+            1
+        );
+        // A 16-digit number failing Luhn is not a card, nor a phone.
+        let c = counts("order 1234567812345678 shipped");
+        assert_eq!(c, PiiCounts::default());
+    }
+
+    #[test]
+    fn iban_needs_mod97() {
+        assert!(iban_valid("DE89 3704 0044 0532 0130 00"));
+        assert!(iban_valid("GB82WEST12345698765432"));
+        assert!(!iban_valid("DE89 3704 0044 0532 0130 01"));
+        assert_eq!(
+            counts("pay DE89 3704 0044 0532 0130 00 please").get(PiiKind::Iban),
+            1
+        );
+        assert_eq!(
+            counts("pay GB82WEST12345698765432 NOW").get(PiiKind::Iban),
+            1
+        );
+        assert_eq!(
+            counts("pay DE89 3704 0044 0532 0130 01 please").get(PiiKind::Iban),
+            0
+        );
+    }
+
+    #[test]
+    fn clean_text_has_none() {
+        assert!(!counts("Explain the French revolution in 300 words.").any());
+    }
+}

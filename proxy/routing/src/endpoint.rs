@@ -1,0 +1,262 @@
+//! What the router knows about one vLLM endpoint, and how old each piece of it is.
+//!
+//! Static facts (model, pool, LoRA adapters) come from discovery and do not age. Everything the
+//! endpoint reports about itself (queue, running batch, KV-cache usage, cache configuration, prefix
+//! hit counters) is an [`Observed`] value stamped with the time it was observed, so the predictor can
+//! tell a fresh signal from a stale one and the decision record can show every input's age.
+
+use crate::time::Time;
+use std::{fmt, sync::Arc, time::Duration};
+
+/// An endpoint's identity, as discovery names it (typically `ip:port`). Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointId(Arc<str>);
+
+/// A served model name, as vLLM reports it in `/v1/models`. Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModelName(Arc<str>);
+
+macro_rules! name_type {
+    ($t:ident) => {
+        impl $t {
+            /// The name as a string.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+        impl From<&str> for $t {
+            fn from(s: &str) -> Self {
+                Self(Arc::from(s))
+            }
+        }
+        impl From<String> for $t {
+            fn from(s: String) -> Self {
+                Self(Arc::from(s))
+            }
+        }
+        impl fmt::Debug for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&*self.0, f)
+            }
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+    };
+}
+name_type!(EndpointId);
+name_type!(ModelName);
+
+/// The static facts about an endpoint that discovery provides.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EndpointMeta {
+    pub id: EndpointId,
+    pub model: ModelName,
+    /// The `InferencePool` this endpoint belongs to.
+    pub pool: Arc<str>,
+    /// LoRA adapters this endpoint serves, by name.
+    pub lora_adapters: Vec<Arc<str>>,
+    /// Whether the endpoint publishes vLLM KV events (then the precise prefix index answers for it).
+    pub kv_events: bool,
+}
+
+impl EndpointMeta {
+    /// An endpoint of `model` with no adapters and no KV events.
+    pub fn new(id: impl Into<EndpointId>, model: impl Into<ModelName>) -> Self {
+        Self {
+            id: id.into(),
+            model: model.into(),
+            pool: Arc::from(""),
+            lora_adapters: Vec::new(),
+            kv_events: false,
+        }
+    }
+
+    /// Whether the endpoint serves the LoRA adapter `name`.
+    pub fn serves_adapter(&self, name: &str) -> bool {
+        self.lora_adapters.iter().any(|a| &**a == name)
+    }
+}
+
+/// A value with the time it was observed.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct Observed<T> {
+    pub value: T,
+    pub at: Time,
+}
+
+impl<T> Observed<T> {
+    /// `value`, observed at `at`.
+    pub const fn new(value: T, at: Time) -> Self {
+        Self { value, at }
+    }
+
+    /// How old the observation is at `now`.
+    pub fn age(&self, now: Time) -> Duration {
+        now.saturating_since(self.at)
+    }
+
+    /// Whether the observation is within `budget` of `now`.
+    pub fn is_fresh(&self, now: Time, budget: Duration) -> bool {
+        self.age(now) <= budget
+    }
+}
+
+/// The endpoint's KV-cache configuration (`vllm:cache_config_info`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Tokens per KV block (`block_size`).
+    pub block_size_tokens: u32,
+    /// KV blocks on the GPU (`num_gpu_blocks`).
+    pub num_gpu_blocks: u64,
+}
+
+impl CacheConfig {
+    /// How many tokens the whole cache holds.
+    pub fn capacity_tokens(&self) -> u64 {
+        self.num_gpu_blocks
+            .saturating_mul(u64::from(self.block_size_tokens))
+    }
+}
+
+/// vLLM's prefix-cache counters (`vllm:prefix_cache_queries` / `vllm:prefix_cache_hits`), in tokens,
+/// cumulative since the engine started.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct PrefixCacheCounters {
+    pub queries_tokens: u64,
+    pub hits_tokens: u64,
+}
+
+/// What an endpoint reports about itself, each with its observation time.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Signals {
+    /// `vllm:num_requests_waiting`.
+    pub num_requests_waiting: Option<Observed<u32>>,
+    /// `vllm:num_requests_running`.
+    pub num_requests_running: Option<Observed<u32>>,
+    /// `vllm:kv_cache_usage_perc`, as a fraction in `[0, 1]`.
+    pub kv_cache_usage: Option<Observed<f64>>,
+    /// `vllm:cache_config_info`.
+    pub cache_config: Option<Observed<CacheConfig>>,
+    /// The latest prefix-cache counters.
+    pub prefix_cache: Option<Observed<PrefixCacheCounters>>,
+    /// The hit fraction between the last two counter readings (other clients' cache reuse).
+    pub prefix_hit_fraction: Option<Observed<f64>>,
+}
+
+/// One scrape of an endpoint's metrics: every field present is stamped with `at`.
+#[derive(Copy, Clone, Debug, Default, PartialEq)]
+pub struct Scrape {
+    pub num_requests_waiting: Option<u32>,
+    pub num_requests_running: Option<u32>,
+    /// A fraction in `[0, 1]`; values outside are clamped, non-finite values ignored.
+    pub kv_cache_usage: Option<f64>,
+    pub cache_config: Option<CacheConfig>,
+    pub prefix_cache: Option<PrefixCacheCounters>,
+}
+
+impl Signals {
+    /// Applies a scrape made at `at`. Older scrapes than what is held are ignored field by field, so
+    /// scrapes delivered out of order never make the view older.
+    pub fn apply(&mut self, scrape: &Scrape, at: Time) {
+        fn set<T: Copy>(slot: &mut Option<Observed<T>>, value: Option<T>, at: Time) {
+            if let Some(value) = value
+                && slot.is_none_or(|o| o.at <= at)
+            {
+                *slot = Some(Observed::new(value, at));
+            }
+        }
+        set(
+            &mut self.num_requests_waiting,
+            scrape.num_requests_waiting,
+            at,
+        );
+        set(
+            &mut self.num_requests_running,
+            scrape.num_requests_running,
+            at,
+        );
+        let usage = scrape
+            .kv_cache_usage
+            .filter(|u| u.is_finite())
+            .map(|u| u.clamp(0.0, 1.0));
+        set(&mut self.kv_cache_usage, usage, at);
+        set(&mut self.cache_config, scrape.cache_config, at);
+        if let Some(counters) = scrape.prefix_cache {
+            if let Some(prev) = self.prefix_cache.filter(|p| p.at <= at) {
+                let queries = counters
+                    .queries_tokens
+                    .saturating_sub(prev.value.queries_tokens);
+                let hits = counters.hits_tokens.saturating_sub(prev.value.hits_tokens);
+                // A counter reset (engine restart) shows as going backwards: skip that interval.
+                if queries > 0 && counters.queries_tokens >= prev.value.queries_tokens {
+                    let fraction = (hits as f64 / queries as f64).clamp(0.0, 1.0);
+                    self.prefix_hit_fraction = Some(Observed::new(fraction, at));
+                }
+            }
+            set(&mut self.prefix_cache, Some(counters), at);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scrape_stamps_each_signal_and_ignores_older_scrapes() {
+        let mut s = Signals::default();
+        let t1 = Time::from_secs_f64(1.0);
+        s.apply(
+            &Scrape {
+                num_requests_waiting: Some(3),
+                kv_cache_usage: Some(1.7),
+                ..Scrape::default()
+            },
+            t1,
+        );
+        assert_eq!(s.num_requests_waiting, Some(Observed::new(3, t1)));
+        assert_eq!(s.kv_cache_usage, Some(Observed::new(1.0, t1)));
+        assert_eq!(s.num_requests_running, None);
+        s.apply(
+            &Scrape {
+                num_requests_waiting: Some(9),
+                ..Scrape::default()
+            },
+            Time::from_secs_f64(0.5),
+        );
+        assert_eq!(s.num_requests_waiting, Some(Observed::new(3, t1)));
+    }
+
+    #[test]
+    fn hit_fraction_comes_from_counter_deltas() {
+        let mut s = Signals::default();
+        let counters = |q, h| Scrape {
+            prefix_cache: Some(PrefixCacheCounters {
+                queries_tokens: q,
+                hits_tokens: h,
+            }),
+            ..Scrape::default()
+        };
+        s.apply(&counters(1_000, 100), Time::from_secs_f64(1.0));
+        assert_eq!(s.prefix_hit_fraction, None);
+        s.apply(&counters(3_000, 1_600), Time::from_secs_f64(2.0));
+        assert_eq!(
+            s.prefix_hit_fraction.map(|o| o.value),
+            Some(1_500.0 / 2_000.0)
+        );
+        // A restart resets the counters: no fraction is derived from that interval.
+        s.apply(&counters(10, 0), Time::from_secs_f64(3.0));
+        assert_eq!(
+            s.prefix_hit_fraction.map(|o| o.at),
+            Some(Time::from_secs_f64(2.0))
+        );
+    }
+}

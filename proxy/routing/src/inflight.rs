@@ -1,0 +1,184 @@
+//! The proxy's own requests on each endpoint, known exactly and at once.
+//!
+//! Scraped metrics lag by a scrape interval; the proxy's own dispatches do not. Recording each
+//! request at dispatch, first token and completion means the very next decision already sees the
+//! prefill work this sidecar just queued, which is what keeps one sidecar from piling a burst onto
+//! one endpoint between scrapes.
+
+use crate::time::Time;
+use std::time::Duration;
+
+/// One of this proxy's requests on an endpoint.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct InFlightRequest {
+    pub id: u64,
+    pub dispatched_at: Time,
+    pub prompt_tokens: u32,
+    /// Prompt tokens the endpoint was predicted to prefill (not in its prefix cache).
+    pub uncached_tokens: u32,
+    /// When the first token arrived, once it has.
+    pub first_token_at: Option<Time>,
+    /// The part of the TTFT predicted at dispatch that was not this request's own prefill (queue
+    /// wait, decode interference and overhead), in seconds; used to learn the prefill rate.
+    pub predicted_non_prefill_s: f64,
+    /// The KV-pressure factor applied at dispatch.
+    pub kv_pressure_factor: f64,
+    /// The uncorrected TTFT predicted at dispatch, in seconds (used to learn the correction).
+    pub predicted_raw_ttft_s: f64,
+}
+
+/// What the tracker learned when a request's first token arrived.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct FirstToken {
+    pub request: InFlightRequest,
+    pub ttft: Duration,
+}
+
+/// The in-flight requests of one endpoint.
+#[derive(Clone, Debug, Default)]
+pub struct InFlight {
+    requests: Vec<InFlightRequest>,
+    queued_prefill_tokens: u64,
+    awaiting_first_token: u32,
+}
+
+impl InFlight {
+    /// Records a dispatched request; its uncached tokens join the queued prefill work at once.
+    pub fn dispatch(&mut self, request: InFlightRequest) {
+        if request.first_token_at.is_none() {
+            self.queued_prefill_tokens += u64::from(request.uncached_tokens);
+            self.awaiting_first_token += 1;
+        }
+        self.requests.push(request);
+    }
+
+    /// Records the first token of request `id` at `at`: its prefill work leaves the queue. Returns
+    /// `None` if the request is unknown or already had its first token.
+    pub fn first_token(&mut self, id: u64, at: Time) -> Option<FirstToken> {
+        let r = self.requests.iter_mut().find(|r| r.id == id)?;
+        if r.first_token_at.is_some() {
+            return None;
+        }
+        r.first_token_at = Some(at);
+        self.queued_prefill_tokens -= u64::from(r.uncached_tokens);
+        self.awaiting_first_token -= 1;
+        Some(FirstToken {
+            request: *r,
+            ttft: at.saturating_since(r.dispatched_at),
+        })
+    }
+
+    /// Forgets request `id` (finished, failed or cancelled). Returns it, or `None` if unknown.
+    pub fn complete(&mut self, id: u64) -> Option<InFlightRequest> {
+        let ix = self.requests.iter().position(|r| r.id == id)?;
+        let r = self.requests.swap_remove(ix);
+        if r.first_token_at.is_none() {
+            self.queued_prefill_tokens -= u64::from(r.uncached_tokens);
+            self.awaiting_first_token -= 1;
+        }
+        Some(r)
+    }
+
+    /// Uncached prompt tokens of own requests still waiting for their first token.
+    pub fn queued_prefill_tokens(&self) -> u64 {
+        self.queued_prefill_tokens
+    }
+
+    /// Own requests still waiting for their first token.
+    pub fn awaiting_first_token(&self) -> u32 {
+        self.awaiting_first_token
+    }
+
+    /// Own requests past their first token (decoding).
+    pub fn decoding(&self) -> u32 {
+        self.pending() - self.awaiting_first_token
+    }
+
+    /// All own requests not yet complete.
+    pub fn pending(&self) -> u32 {
+        u32::try_from(self.requests.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Own requests that the endpoint would have counted as waiting or prefilling at `at`: dispatched
+    /// by then and without a first token by then. A scrape taken at `at` already includes these, so
+    /// they must not be counted twice.
+    pub fn awaiting_first_token_as_of(&self, at: Time) -> u32 {
+        let n = self
+            .requests
+            .iter()
+            .filter(|r| r.dispatched_at <= at && r.first_token_at.is_none_or(|t| t > at))
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// Own requests that were decoding at `at`.
+    pub fn decoding_as_of(&self, at: Time) -> u32 {
+        let n = self
+            .requests
+            .iter()
+            .filter(|r| r.first_token_at.is_some_and(|t| t <= at))
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// The requests, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &InFlightRequest> {
+        self.requests.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(id: u64, at: f64, uncached: u32) -> InFlightRequest {
+        InFlightRequest {
+            id,
+            dispatched_at: Time::from_secs_f64(at),
+            prompt_tokens: uncached + 100,
+            uncached_tokens: uncached,
+            first_token_at: None,
+            predicted_non_prefill_s: 0.0,
+            kv_pressure_factor: 1.0,
+            predicted_raw_ttft_s: 0.1,
+        }
+    }
+
+    #[test]
+    fn queued_work_follows_dispatch_first_token_and_completion() {
+        let mut f = InFlight::default();
+        f.dispatch(req(1, 0.0, 500));
+        f.dispatch(req(2, 0.1, 300));
+        assert_eq!(f.queued_prefill_tokens(), 800);
+        assert_eq!(
+            (f.awaiting_first_token(), f.decoding(), f.pending()),
+            (2, 0, 2)
+        );
+
+        let ft = f.first_token(1, Time::from_secs_f64(0.4)).unwrap();
+        assert_eq!(ft.ttft, Duration::from_millis(400));
+        assert_eq!(f.queued_prefill_tokens(), 300);
+        assert_eq!((f.awaiting_first_token(), f.decoding()), (1, 1));
+        assert_eq!(f.first_token(1, Time::from_secs_f64(0.5)), None);
+
+        // Request 2 fails before its first token: its queued work leaves too.
+        assert_eq!(f.complete(2).map(|r| r.id), Some(2));
+        assert_eq!(f.queued_prefill_tokens(), 0);
+        assert_eq!(f.complete(1).map(|r| r.id), Some(1));
+        assert_eq!((f.pending(), f.complete(1)), (0, None));
+    }
+
+    #[test]
+    fn as_of_counts_only_what_a_scrape_at_that_time_saw() {
+        let mut f = InFlight::default();
+        f.dispatch(req(1, 0.0, 10));
+        f.dispatch(req(2, 1.0, 10));
+        f.first_token(1, Time::from_secs_f64(0.5));
+        // At 0.2 s: request 1 waiting, request 2 not yet sent.
+        assert_eq!(f.awaiting_first_token_as_of(Time::from_secs_f64(0.2)), 1);
+        assert_eq!(f.decoding_as_of(Time::from_secs_f64(0.2)), 0);
+        // At 1.5 s: request 1 decoding, request 2 waiting.
+        assert_eq!(f.awaiting_first_token_as_of(Time::from_secs_f64(1.5)), 1);
+        assert_eq!(f.decoding_as_of(Time::from_secs_f64(1.5)), 1);
+    }
+}

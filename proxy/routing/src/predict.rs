@@ -1,0 +1,452 @@
+//! The TTFT predictor: how long until endpoint `e` would return the first token of request `r`.
+//!
+//! `ttft = ((wait + prefill + decode_interference) × kv_pressure + overhead) × correction`, in seconds,
+//! from tokens and a prefill rate in tokens per second. Every formula, default and the reasoning
+//! behind it is in `docs/ttft-model.md`; this module is that document in code, and returns every
+//! input it used (with its age) so a decision can be explained.
+
+use crate::{
+    endpoint::{Observed, Signals},
+    inflight::InFlight,
+    prefix::PrefixSource,
+    time::Time,
+};
+use std::time::Duration;
+
+/// Per-model performance priors (from the controller), the starting point before anything is learned.
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ModelPrior {
+    /// Prompt tokens prefilled per second on one endpoint.
+    pub prefill_tokens_per_second: f64,
+    /// Time of one decode step at a small batch, in seconds (the model's time per output token).
+    pub time_per_output_token_s: f64,
+    /// Extra decode-step time per running sequence, in seconds.
+    pub decode_step_per_seq_s: f64,
+    /// vLLM's `max_num_batched_tokens`: tokens one engine step can carry (the chunked-prefill budget).
+    pub max_num_batched_tokens: u32,
+    /// Fixed per-request cost (HTTP, tokenization, scheduling, sampling the first token), in seconds.
+    pub overhead_s: f64,
+}
+
+impl Default for ModelPrior {
+    fn default() -> Self {
+        Self {
+            prefill_tokens_per_second: 10_000.0,
+            time_per_output_token_s: 0.02,
+            decode_step_per_seq_s: 0.000_1,
+            max_num_batched_tokens: 8_192,
+            overhead_s: 0.01,
+        }
+    }
+}
+
+/// Tunables of the predictor (balancer settings from the controller).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct PredictConfig {
+    /// Reported signals older than this are not used.
+    pub freshness_budget: Duration,
+    /// KV-cache usage fraction above which preemption risk raises the estimate.
+    pub kv_pressure_threshold: f64,
+    /// How much the estimate rises at 100 % KV usage (`factor = 1 + gain` there).
+    pub kv_pressure_gain: f64,
+    /// Bounds of the observed/predicted correction.
+    pub correction_min: f64,
+    pub correction_max: f64,
+    /// Decay time constant of the correction peak-EWMA.
+    pub correction_tau: Duration,
+    /// Weight of one new prefill-rate sample.
+    pub rate_alpha: f64,
+    /// Requests with fewer uncached tokens do not teach the prefill rate (too much noise).
+    pub rate_min_sample_tokens: u32,
+    /// A sample is clamped to within this factor of the current rate.
+    pub rate_max_step_factor: f64,
+}
+
+impl Default for PredictConfig {
+    fn default() -> Self {
+        Self {
+            freshness_budget: Duration::from_millis(500),
+            kv_pressure_threshold: 0.9,
+            kv_pressure_gain: 1.0,
+            correction_min: 0.5,
+            correction_max: 4.0,
+            correction_tau: crate::ewma::DEFAULT_TAU,
+            rate_alpha: 0.2,
+            rate_min_sample_tokens: 64,
+            rate_max_step_factor: 10.0,
+        }
+    }
+}
+
+/// An endpoint's prefill rate, learned online from its first tokens, starting from the model prior.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct PrefillRate {
+    tokens_per_second: f64,
+    samples: u64,
+}
+
+impl PrefillRate {
+    /// Starts at the prior.
+    pub fn new(prior: &ModelPrior) -> Self {
+        Self {
+            tokens_per_second: prior.prefill_tokens_per_second.max(1.0),
+            samples: 0,
+        }
+    }
+
+    /// The current estimate, in tokens per second.
+    pub fn tokens_per_second(&self) -> f64 {
+        self.tokens_per_second
+    }
+
+    /// Samples learned from so far.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Learns from one request: `uncached_tokens` were prefilled in `prefill_s` seconds (its TTFT less
+    /// the wait and overhead predicted at dispatch). Returns whether the sample was used.
+    pub fn observe(
+        &mut self,
+        uncached_tokens: u32,
+        prefill_s: f64,
+        config: &PredictConfig,
+    ) -> bool {
+        if uncached_tokens < config.rate_min_sample_tokens || prefill_s.is_nan() || prefill_s <= 0.0
+        {
+            return false;
+        }
+        let sample = f64::from(uncached_tokens) / prefill_s;
+        let bound = config.rate_max_step_factor.max(1.0);
+        let sample = sample.clamp(
+            self.tokens_per_second / bound,
+            self.tokens_per_second * bound,
+        );
+        self.tokens_per_second += config.rate_alpha * (sample - self.tokens_per_second);
+        self.samples += 1;
+        true
+    }
+}
+
+/// One reported signal as the predictor saw it.
+#[derive(Copy, Clone, Debug, PartialEq, serde::Serialize)]
+pub struct SignalInput {
+    pub value: f64,
+    pub age_s: f64,
+    /// Whether it was within the freshness budget and so used.
+    pub used: bool,
+}
+
+impl SignalInput {
+    fn of<T: Copy + Into<f64>>(o: &Observed<T>, now: Time, budget: Duration) -> Self {
+        Self {
+            value: o.value.into(),
+            age_s: o.age(now).as_secs_f64(),
+            used: o.is_fresh(now, budget),
+        }
+    }
+}
+
+/// What the predictor needs to know about one endpoint for one request.
+#[derive(Copy, Clone, Debug)]
+pub struct EndpointView<'a> {
+    pub signals: &'a Signals,
+    pub inflight: &'a InFlight,
+    pub prior: &'a ModelPrior,
+    pub prefill_tokens_per_second: f64,
+    /// The correction peak-EWMA at `now` (clamped here).
+    pub correction: f64,
+    /// Mean prompt tokens of requests this proxy has seen (stands in for other clients' requests).
+    pub mean_prompt_tokens: f64,
+}
+
+/// A prediction and every input it was made from.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Prediction {
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    pub uncached_tokens: u32,
+    pub prefix_source: Option<PrefixSource>,
+    pub own_queued_prefill_tokens: u64,
+    pub own_awaiting_first_token: u32,
+    pub own_decoding: u32,
+    pub reported_waiting: Option<SignalInput>,
+    pub reported_running: Option<SignalInput>,
+    pub kv_cache_usage: Option<SignalInput>,
+    /// Reported waiting requests that are not this proxy's own.
+    pub other_waiting_requests: u32,
+    /// Estimated uncached tokens of each of those.
+    pub other_request_tokens: f64,
+    pub queued_prefill_tokens: f64,
+    pub running_seqs: u32,
+    pub prefill_tokens_per_second: f64,
+    pub wait_s: f64,
+    pub prefill_s: f64,
+    pub decode_interference_s: f64,
+    pub kv_pressure_factor: f64,
+    pub overhead_s: f64,
+    /// Before correction.
+    pub raw_ttft_s: f64,
+    pub correction: f64,
+    pub predicted_ttft_s: f64,
+    /// Whether the endpoint's scraped queue (`num_requests_waiting`) was within the freshness budget.
+    pub signals_fresh: bool,
+}
+
+/// Predicts the TTFT of a request of `prompt_tokens` tokens, `cached_tokens` of them already in the
+/// endpoint's prefix cache, at `now`.
+pub fn predict(
+    view: &EndpointView<'_>,
+    prompt_tokens: u32,
+    cached: Option<(u64, PrefixSource)>,
+    now: Time,
+    config: &PredictConfig,
+) -> Prediction {
+    let budget = config.freshness_budget;
+    // vLLM always computes at least the prompt's last token.
+    let cached_tokens = cached.map_or(0, |(t, _)| {
+        u32::try_from(t)
+            .unwrap_or(u32::MAX)
+            .min(prompt_tokens.saturating_sub(1))
+    });
+    let uncached_tokens = prompt_tokens - cached_tokens;
+    let s = view.signals;
+    let own = view.inflight;
+
+    // Reported waiting requests not already counted among our own (as of the scrape).
+    let reported_waiting = s
+        .num_requests_waiting
+        .map(|o| SignalInput::of(&o, now, budget));
+    let other_waiting_requests = match s.num_requests_waiting {
+        Some(o) if o.is_fresh(now, budget) => {
+            o.value.saturating_sub(own.awaiting_first_token_as_of(o.at))
+        }
+        _ => 0,
+    };
+    let hit_fraction = s.prefix_hit_fraction.map_or(0.0, |o| o.value);
+    let other_request_tokens = view.mean_prompt_tokens.max(0.0) * (1.0 - hit_fraction);
+    let own_queued = own.queued_prefill_tokens();
+    let queued_prefill_tokens =
+        own_queued as f64 + f64::from(other_waiting_requests) * other_request_tokens;
+
+    let reported_running = s
+        .num_requests_running
+        .map(|o| SignalInput::of(&o, now, budget));
+    let own_decoding = own.decoding();
+    let running_seqs = match s.num_requests_running {
+        Some(o) if o.is_fresh(now, budget) => o.value.max(own_decoding),
+        _ => own_decoding,
+    };
+
+    let rate = view.prefill_tokens_per_second.max(1.0);
+    let wait_s = queued_prefill_tokens / rate;
+    let prefill_s = f64::from(uncached_tokens) / rate;
+    let decode_interference_s = if running_seqs > 0 {
+        let budget_tokens = f64::from(view.prior.max_num_batched_tokens.max(1));
+        let steps = ((queued_prefill_tokens + f64::from(uncached_tokens)) / budget_tokens)
+            .ceil()
+            .max(1.0);
+        let step_s = view.prior.time_per_output_token_s
+            + f64::from(running_seqs) * view.prior.decode_step_per_seq_s;
+        steps * step_s
+    } else {
+        0.0
+    };
+
+    let kv_cache_usage = s.kv_cache_usage.map(|o| SignalInput::of(&o, now, budget));
+    let kv_pressure_factor = match kv_cache_usage {
+        Some(u) if u.used && u.value > config.kv_pressure_threshold => {
+            let span = (1.0 - config.kv_pressure_threshold).max(f64::EPSILON);
+            1.0 + config.kv_pressure_gain * ((u.value - config.kv_pressure_threshold) / span)
+        }
+        _ => 1.0,
+    };
+
+    let overhead_s = view.prior.overhead_s;
+    let raw_ttft_s = (wait_s + prefill_s + decode_interference_s) * kv_pressure_factor + overhead_s;
+    let correction = view
+        .correction
+        .clamp(config.correction_min, config.correction_max);
+    Prediction {
+        prompt_tokens,
+        cached_tokens,
+        uncached_tokens,
+        prefix_source: cached.map(|(_, src)| src),
+        own_queued_prefill_tokens: own_queued,
+        own_awaiting_first_token: own.awaiting_first_token(),
+        own_decoding,
+        reported_waiting,
+        reported_running,
+        kv_cache_usage,
+        other_waiting_requests,
+        other_request_tokens,
+        queued_prefill_tokens,
+        running_seqs,
+        prefill_tokens_per_second: rate,
+        wait_s,
+        prefill_s,
+        decode_interference_s,
+        kv_pressure_factor,
+        overhead_s,
+        raw_ttft_s,
+        correction,
+        predicted_ttft_s: raw_ttft_s * correction,
+        signals_fresh: s
+            .num_requests_waiting
+            .is_some_and(|o| o.is_fresh(now, budget)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inflight::InFlightRequest;
+
+    fn t(secs: f64) -> Time {
+        Time::from_secs_f64(secs)
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    /// The worked example of docs/ttft-model.md.
+    fn example() -> (Signals, InFlight) {
+        let mut own = InFlight::default();
+        for (id, uncached) in [(1, 1_000), (2, 500)] {
+            own.dispatch(InFlightRequest {
+                id,
+                dispatched_at: t(0.9),
+                prompt_tokens: uncached,
+                uncached_tokens: uncached,
+                first_token_at: None,
+                predicted_non_prefill_s: 0.0,
+                kv_pressure_factor: 1.0,
+                predicted_raw_ttft_s: 0.1,
+            });
+        }
+        let signals = Signals {
+            num_requests_waiting: Some(Observed::new(5, t(1.0))),
+            num_requests_running: Some(Observed::new(10, t(1.0))),
+            kv_cache_usage: Some(Observed::new(0.95, t(1.0))),
+            prefix_hit_fraction: Some(Observed::new(0.5, t(1.0))),
+            ..Signals::default()
+        };
+        (signals, own)
+    }
+
+    #[test]
+    fn worked_example_arithmetic() {
+        let (signals, own) = example();
+        let prior = ModelPrior::default();
+        let view = EndpointView {
+            signals: &signals,
+            inflight: &own,
+            prior: &prior,
+            prefill_tokens_per_second: 10_000.0,
+            correction: 1.2,
+            mean_prompt_tokens: 2_000.0,
+        };
+        let p = predict(
+            &view,
+            8_000,
+            Some((4_000, PrefixSource::Approximate)),
+            t(1.2),
+            &PredictConfig::default(),
+        );
+        assert_eq!((p.cached_tokens, p.uncached_tokens), (4_000, 4_000));
+        assert_eq!(p.other_waiting_requests, 3); // 5 reported − 2 own counted in that scrape
+        assert!(close(p.other_request_tokens, 1_000.0));
+        assert!(close(p.queued_prefill_tokens, 4_500.0));
+        assert_eq!(p.running_seqs, 10);
+        assert!(close(p.wait_s, 0.45));
+        assert!(close(p.prefill_s, 0.4));
+        assert!(close(p.decode_interference_s, 2.0 * 0.021)); // ceil(8500/8192) steps × (20 ms + 10×0.1 ms)
+        assert!(close(p.kv_pressure_factor, 1.5));
+        assert!(close(p.raw_ttft_s, 0.892 * 1.5 + 0.01));
+        assert!(close(p.predicted_ttft_s, (0.892 * 1.5 + 0.01) * 1.2));
+        assert!(p.signals_fresh);
+        let w = p.reported_waiting.unwrap();
+        assert!(w.used && close(w.age_s, 0.2));
+    }
+
+    #[test]
+    fn stale_signals_drop_out_and_own_inflight_remains() {
+        let (signals, own) = example();
+        let prior = ModelPrior::default();
+        let view = EndpointView {
+            signals: &signals,
+            inflight: &own,
+            prior: &prior,
+            prefill_tokens_per_second: 10_000.0,
+            correction: 1.0,
+            mean_prompt_tokens: 2_000.0,
+        };
+        // 600 ms after the scrape, beyond the 500 ms budget.
+        let p = predict(
+            &view,
+            8_000,
+            Some((4_000, PrefixSource::Approximate)),
+            t(1.6),
+            &PredictConfig::default(),
+        );
+        assert!(!p.signals_fresh);
+        assert_eq!(p.other_waiting_requests, 0);
+        assert_eq!(p.running_seqs, 0);
+        assert!(close(p.kv_pressure_factor, 1.0));
+        assert!(close(p.queued_prefill_tokens, 1_500.0));
+        assert!(close(p.raw_ttft_s, 0.15 + 0.4 + 0.01));
+        let w = p.reported_waiting.unwrap();
+        assert!(!w.used && close(w.age_s, 0.6));
+    }
+
+    #[test]
+    fn a_fully_cached_prompt_still_prefills_one_token_and_correction_is_clamped() {
+        let signals = Signals::default();
+        let own = InFlight::default();
+        let prior = ModelPrior::default();
+        let view = EndpointView {
+            signals: &signals,
+            inflight: &own,
+            prior: &prior,
+            prefill_tokens_per_second: 10_000.0,
+            correction: 100.0,
+            mean_prompt_tokens: 0.0,
+        };
+        let p = predict(
+            &view,
+            1_000,
+            Some((1_024, PrefixSource::Precise)),
+            t(0.0),
+            &PredictConfig::default(),
+        );
+        assert_eq!((p.cached_tokens, p.uncached_tokens), (999, 1));
+        assert!(close(p.correction, 4.0));
+        assert!(close(p.predicted_ttft_s, (0.0001 + 0.01) * 4.0));
+        assert!(!p.signals_fresh);
+    }
+
+    #[test]
+    fn prefill_rate_learns_toward_observed_and_rejects_noise() {
+        let prior = ModelPrior::default();
+        let cfg = PredictConfig::default();
+        let mut rate = PrefillRate::new(&prior);
+        // 4,000 tokens in 0.8 s = 5,000 tok/s: one step of α = 0.2 from 10,000.
+        assert!(rate.observe(4_000, 0.8, &cfg));
+        assert!(close(rate.tokens_per_second(), 9_000.0));
+        // Too few tokens, or a non-positive prefill time: ignored.
+        assert!(!rate.observe(10, 0.001, &cfg));
+        assert!(!rate.observe(4_000, -0.1, &cfg));
+        // An absurd sample is clamped to 10× the current rate.
+        assert!(rate.observe(4_000, 1e-9, &cfg));
+        assert!(close(
+            rate.tokens_per_second(),
+            9_000.0 + 0.2 * (90_000.0 - 9_000.0)
+        ));
+        assert_eq!(rate.samples(), 2);
+        for _ in 0..200 {
+            rate.observe(5_000, 1.0, &cfg);
+        }
+        assert!((rate.tokens_per_second() - 5_000.0).abs() < 1.0);
+    }
+}

@@ -1,0 +1,587 @@
+//! The routing state of one proxy, and the decision made from it.
+//!
+//! The [`Router`] owns what one sidecar knows about every endpoint it may route to (signals, its own
+//! in-flight requests, learned prefill rates, peak-EWMAs, prefix indexes) and turns it into a
+//! [`Decision`] per request. It is driven entirely by its caller: scrapes, KV events, dispatches,
+//! first tokens and completions come in as calls stamped with a [`Time`], so the proxy and the
+//! fleet benchmark run the same code.
+
+use crate::{
+    decision::{Candidate, Decision, Excluded, Exclusion, Reason},
+    endpoint::{EndpointId, EndpointMeta, ModelName, Scrape, Signals},
+    ewma::{DEFAULT_TAU, PeakEwma},
+    fallback::{P2cInputs, power_of_two},
+    inflight::{InFlight, InFlightRequest},
+    predict::{EndpointView, ModelPrior, PredictConfig, PrefillRate, predict},
+    prefix::{
+        ApproxConfig, ApproxIndex, BlockHash, BlockHasher, KvEvent, PreciseIndex, PrefixSource,
+        PromptBlocks,
+    },
+    select::{DEFAULT_TIE_WINDOW, lowest_within_tie_window},
+    time::Time,
+};
+use rand::Rng;
+use std::{collections::HashMap, time::Duration};
+
+/// Settings of the router (the balancer settings the controller serves, with defaults).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct RouterConfig {
+    pub predict: PredictConfig,
+    pub approx: ApproxConfig,
+    /// Predictions within this of the best are treated as equal.
+    pub tie_window: Duration,
+    /// Decay time constant of the fallback's TTFT peak-EWMA.
+    pub latency_tau: Duration,
+    /// Weight of one request in the running mean prompt size.
+    pub mean_prompt_alpha: f64,
+    /// The running mean prompt size before any request, in tokens.
+    pub default_prompt_tokens: f64,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            predict: PredictConfig::default(),
+            approx: ApproxConfig::default(),
+            tie_window: DEFAULT_TIE_WINDOW,
+            latency_tau: DEFAULT_TAU,
+            mean_prompt_alpha: 0.05,
+            default_prompt_tokens: 1_000.0,
+        }
+    }
+}
+
+/// Errors at the router's edge.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RouterError {
+    #[error("unknown endpoint {0}")]
+    UnknownEndpoint(EndpointId),
+    #[error("the decision chose no endpoint")]
+    NothingChosen,
+    #[error("the endpoint of this request was removed or replaced")]
+    StaleHandle,
+    #[error("unknown request (already completed?)")]
+    UnknownRequest,
+}
+
+/// One request to route. Holds no prompt text, only what the prediction needs.
+#[derive(Copy, Clone)]
+pub struct Request<'a> {
+    /// The model the client asked for (the fallback's pool).
+    pub requested_model: &'a ModelName,
+    /// The models the policy allows for this request (including the requested one if allowed).
+    pub candidate_models: &'a [ModelName],
+    pub prompt_tokens: u32,
+    pub max_tokens: Option<u32>,
+    /// The LoRA adapter asked for, if any: only endpoints serving it are candidates.
+    pub lora_adapter: Option<&'a str>,
+    /// The prompt's approximate chunk hashes.
+    pub prompt_blocks: &'a PromptBlocks,
+    /// vLLM-space hashing of this prompt, for endpoints with KV events.
+    pub block_hasher: Option<&'a dyn BlockHasher>,
+}
+
+impl std::fmt::Debug for Request<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("requested_model", self.requested_model)
+            .field("candidate_models", &self.candidate_models)
+            .field("prompt_tokens", &self.prompt_tokens)
+            .field("max_tokens", &self.max_tokens)
+            .field("lora_adapter", &self.lora_adapter)
+            .field("prompt_blocks", &self.prompt_blocks.hashes().len())
+            .field("block_hasher", &self.block_hasher.is_some())
+            .finish()
+    }
+}
+
+/// Identifies a dispatched request for its first-token and completion calls.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DispatchHandle {
+    slot: u32,
+    generation: u32,
+    request_id: u64,
+}
+
+#[derive(Debug)]
+struct EndpointState {
+    meta: EndpointMeta,
+    ready: bool,
+    signals: Signals,
+    inflight: InFlight,
+    rate: PrefillRate,
+    /// Peak-EWMA of observed / predicted (uncorrected) TTFT, resting at 1.
+    correction: PeakEwma,
+    /// Peak-EWMA of observed TTFT in seconds, resting at 0 (the fallback's latency).
+    latency: PeakEwma,
+    precise: Option<PreciseIndex>,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    generation: u32,
+    state: Option<EndpointState>,
+}
+
+/// The routing state of one proxy.
+#[derive(Debug)]
+pub struct Router {
+    config: RouterConfig,
+    slots: Vec<Slot>,
+    by_id: HashMap<EndpointId, u32>,
+    by_model: HashMap<ModelName, Vec<u32>>,
+    priors: HashMap<ModelName, ModelPrior>,
+    default_prior: ModelPrior,
+    approx: ApproxIndex,
+    mean_prompt_tokens: f64,
+    next_request_id: u64,
+}
+
+impl Router {
+    /// An empty router.
+    pub fn new(config: RouterConfig) -> Self {
+        Self {
+            config,
+            slots: Vec::new(),
+            by_id: HashMap::new(),
+            by_model: HashMap::new(),
+            priors: HashMap::new(),
+            default_prior: ModelPrior::default(),
+            approx: ApproxIndex::default(),
+            mean_prompt_tokens: config.default_prompt_tokens,
+            next_request_id: 0,
+        }
+    }
+
+    /// The router's settings.
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// Sets the prior of `model`. Endpoints that have not learned a prefill rate yet start from it.
+    pub fn set_model_prior(&mut self, model: ModelName, prior: ModelPrior) {
+        for &slot in self.by_model.get(&model).into_iter().flatten() {
+            if let Some(st) = self.slots[slot as usize].state.as_mut()
+                && st.rate.samples() == 0
+            {
+                st.rate = PrefillRate::new(&prior);
+            }
+        }
+        self.priors.insert(model, prior);
+    }
+
+    fn prior(&self, model: &ModelName) -> &ModelPrior {
+        self.priors.get(model).unwrap_or(&self.default_prior)
+    }
+
+    /// Adds an endpoint, or updates its static facts. Changing its model starts it afresh. New
+    /// endpoints start not ready until [`Router::set_ready`].
+    pub fn upsert_endpoint(&mut self, meta: EndpointMeta, now: Time) {
+        if let Some(&slot) = self.by_id.get(&meta.id) {
+            if let Some(st) = self.slots[slot as usize].state.as_mut()
+                && st.meta.model == meta.model
+            {
+                st.meta = meta;
+                return;
+            }
+            self.remove_endpoint(&meta.id);
+        }
+        let slot = match self.slots.iter().position(|s| s.state.is_none()) {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot::default());
+                self.slots.len() - 1
+            }
+        };
+        let slot_u32 = u32::try_from(slot).unwrap_or(u32::MAX);
+        let prior = *self.prior(&meta.model);
+        self.approx
+            .add_endpoint(slot_u32, self.config.approx.default_capacity_blocks);
+        self.by_id.insert(meta.id.clone(), slot_u32);
+        self.by_model
+            .entry(meta.model.clone())
+            .or_default()
+            .push(slot_u32);
+        let s = &mut self.slots[slot];
+        s.generation = s.generation.wrapping_add(1);
+        s.state = Some(EndpointState {
+            meta,
+            ready: false,
+            signals: Signals::default(),
+            inflight: InFlight::default(),
+            rate: PrefillRate::new(&prior),
+            correction: PeakEwma::new(1.0, 1.0, self.config.predict.correction_tau, now),
+            latency: PeakEwma::new(0.0, 0.0, self.config.latency_tau, now),
+            precise: None,
+        });
+    }
+
+    /// Forgets an endpoint. Returns whether it was known. Handles of its requests become stale.
+    pub fn remove_endpoint(&mut self, id: &EndpointId) -> bool {
+        let Some(slot) = self.by_id.remove(id) else {
+            return false;
+        };
+        if let Some(st) = self.slots[slot as usize].state.take()
+            && let Some(v) = self.by_model.get_mut(&st.meta.model)
+        {
+            v.retain(|s| *s != slot);
+            if v.is_empty() {
+                self.by_model.remove(&st.meta.model);
+            }
+        }
+        self.approx.remove_endpoint(slot);
+        true
+    }
+
+    /// Marks an endpoint ready (routable) or not.
+    pub fn set_ready(&mut self, id: &EndpointId, ready: bool) -> Result<(), RouterError> {
+        self.state_mut(id)?.ready = ready;
+        Ok(())
+    }
+
+    /// Applies a metrics scrape made at `at`. A newly learned cache size resizes the prefix indexes.
+    pub fn observe_scrape(
+        &mut self,
+        id: &EndpointId,
+        scrape: &Scrape,
+        at: Time,
+    ) -> Result<(), RouterError> {
+        let slot = self.slot_of(id)?;
+        let approx_block_tokens = u64::from(self.config.approx.block_size_tokens.max(1));
+        let Some(st) = self.slots[slot as usize].state.as_mut() else {
+            return Err(RouterError::UnknownEndpoint(id.clone()));
+        };
+        let before = st.signals.cache_config.map(|o| o.value);
+        st.signals.apply(scrape, at);
+        let after = st.signals.cache_config.map(|o| o.value);
+        if let Some(cc) = after.filter(|a| Some(*a) != before) {
+            let capacity =
+                usize::try_from(cc.capacity_tokens() / approx_block_tokens).unwrap_or(usize::MAX);
+            self.approx.set_capacity(slot, capacity);
+            if let Some(p) = st.precise.as_mut() {
+                p.set_capacity(usize::try_from(cc.num_gpu_blocks).unwrap_or(usize::MAX));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies KV events from an endpoint (in order).
+    pub fn apply_kv_events(
+        &mut self,
+        id: &EndpointId,
+        events: &[KvEvent],
+    ) -> Result<(), RouterError> {
+        let default_blocks = self.config.approx.default_capacity_blocks;
+        let st = self.state_mut(id)?;
+        let precise = st.precise.get_or_insert_with(|| {
+            let cc = st.signals.cache_config.map(|o| o.value);
+            PreciseIndex::new(
+                cc.map_or(16, |c| c.block_size_tokens),
+                cc.map_or(default_blocks, |c| {
+                    usize::try_from(c.num_gpu_blocks).unwrap_or(usize::MAX)
+                }),
+            )
+        });
+        for e in events {
+            precise.apply(e);
+        }
+        Ok(())
+    }
+
+    /// Decides where `request` should go at `now`. Pure: nothing changes until [`Router::dispatch`].
+    pub fn decide(&self, request: &Request<'_>, now: Time, rng: &mut impl Rng) -> Decision {
+        let cfg = &self.config;
+        let mut candidates = Vec::new();
+        let mut excluded = Vec::new();
+        let matches = self.approx.lookup(request.prompt_blocks);
+        let mut precise_hashes: Vec<(ModelName, u32, Option<Vec<BlockHash>>)> = Vec::new();
+
+        for (i, model) in request.candidate_models.iter().enumerate() {
+            if request.candidate_models[..i].contains(model) {
+                continue;
+            }
+            let prior = self.prior(model);
+            for &slot in self.by_model.get(model).into_iter().flatten() {
+                let s = &self.slots[slot as usize];
+                let Some(st) = s.state.as_ref() else { continue };
+                let why = if !st.ready {
+                    Some(Exclusion::NotReady)
+                } else if request
+                    .lora_adapter
+                    .is_some_and(|a| !st.meta.serves_adapter(a))
+                {
+                    Some(Exclusion::MissingLoraAdapter)
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    excluded.push(Excluded {
+                        endpoint: st.meta.id.clone(),
+                        model: model.clone(),
+                        why,
+                    });
+                    continue;
+                }
+                let precise = match (st.meta.kv_events, st.precise.as_ref(), request.block_hasher) {
+                    (true, Some(p), Some(hasher)) => {
+                        let bs = p.block_size_tokens();
+                        let at = match precise_hashes
+                            .iter()
+                            .position(|(m, b, _)| m == model && *b == bs)
+                        {
+                            Some(at) => at,
+                            None => {
+                                precise_hashes.push((
+                                    model.clone(),
+                                    bs,
+                                    hasher.block_hashes(model, bs),
+                                ));
+                                precise_hashes.len() - 1
+                            }
+                        };
+                        precise_hashes[at]
+                            .2
+                            .as_deref()
+                            .map(|h| (p.leading_tokens(h), PrefixSource::Precise))
+                    }
+                    _ => None,
+                };
+                let cached = precise.unwrap_or((matches.tokens(slot), PrefixSource::Approximate));
+                let view = EndpointView {
+                    signals: &st.signals,
+                    inflight: &st.inflight,
+                    prior,
+                    prefill_tokens_per_second: st.rate.tokens_per_second(),
+                    correction: st.correction.value_at(now),
+                    mean_prompt_tokens: self.mean_prompt_tokens,
+                };
+                candidates.push(Candidate {
+                    endpoint: st.meta.id.clone(),
+                    model: model.clone(),
+                    prediction: predict(
+                        &view,
+                        request.prompt_tokens,
+                        Some(cached),
+                        now,
+                        &cfg.predict,
+                    ),
+                    p2c: None,
+                    slot,
+                    generation: s.generation,
+                });
+            }
+        }
+
+        let mut decision = Decision {
+            at: now,
+            requested_model: request.requested_model.clone(),
+            prompt_tokens: request.prompt_tokens,
+            reason: Reason::NoCandidates,
+            chosen: None,
+            candidates,
+            excluded,
+            tie_window_s: cfg.tie_window.as_secs_f64(),
+        };
+        if decision.candidates.is_empty() {
+            return decision;
+        }
+
+        if decision
+            .candidates
+            .iter()
+            .any(|c| c.prediction.signals_fresh)
+        {
+            let preds: Vec<f64> = decision
+                .candidates
+                .iter()
+                .map(|c| c.prediction.predicted_ttft_s)
+                .collect();
+            if let Some(pick) = lowest_within_tie_window(&preds, cfg.tie_window, rng) {
+                decision.chosen = Some(pick.index);
+                decision.reason = if pick.tied > 1 {
+                    Reason::TieBroken { tied: pick.tied }
+                } else {
+                    Reason::LowestPredictedTtft
+                };
+            }
+            return decision;
+        }
+
+        // Nothing fresh: peak-EWMA power of two over the requested model's endpoints (or, if it has
+        // none, over all candidates).
+        decision.reason = if decision
+            .candidates
+            .iter()
+            .any(|c| c.prediction.reported_waiting.is_some())
+        {
+            Reason::FallbackStaleSignals
+        } else {
+            Reason::FallbackNoSignals
+        };
+        let mut pool: Vec<usize> = (0..decision.candidates.len())
+            .filter(|&i| decision.candidates[i].model == *request.requested_model)
+            .collect();
+        if pool.is_empty() {
+            pool = (0..decision.candidates.len()).collect();
+        }
+        let mut costs: Vec<P2cInputs> = pool
+            .iter()
+            .map(|&i| {
+                let c = &decision.candidates[i];
+                let st = self.slots[c.slot as usize].state.as_ref();
+                let (latency_s, pending) = st.map_or((c.prediction.raw_ttft_s, 0), |st| {
+                    let latency_s = if st.latency.is_observed() {
+                        st.latency.value_at(now)
+                    } else {
+                        c.prediction.raw_ttft_s
+                    };
+                    (latency_s, st.inflight.pending())
+                });
+                P2cInputs::new(latency_s, pending)
+            })
+            .collect();
+        let pick = power_of_two(&mut costs, rng);
+        for (&i, p2c) in pool.iter().zip(costs) {
+            decision.candidates[i].p2c = Some(p2c);
+        }
+        decision.chosen = pick.map(|k| pool[k]);
+        decision
+    }
+
+    /// Records that the decision's choice was sent `prompt` at `now`: the request joins the
+    /// endpoint's in-flight work and the endpoint is recorded as holding the prompt's prefix.
+    pub fn dispatch(
+        &mut self,
+        decision: &Decision,
+        prompt: &PromptBlocks,
+        now: Time,
+    ) -> Result<DispatchHandle, RouterError> {
+        let c = decision.chosen().ok_or(RouterError::NothingChosen)?;
+        let s = &mut self.slots[c.slot as usize];
+        let Some(st) = s.state.as_mut().filter(|_| s.generation == c.generation) else {
+            return Err(RouterError::StaleHandle);
+        };
+        let request_id = self.next_request_id;
+        self.next_request_id += 1;
+        let p = &c.prediction;
+        st.inflight.dispatch(InFlightRequest {
+            id: request_id,
+            dispatched_at: now,
+            prompt_tokens: p.prompt_tokens,
+            uncached_tokens: p.uncached_tokens,
+            first_token_at: None,
+            predicted_non_prefill_s: p.raw_ttft_s - p.prefill_s * p.kv_pressure_factor,
+            kv_pressure_factor: p.kv_pressure_factor,
+            predicted_raw_ttft_s: p.raw_ttft_s,
+        });
+        self.approx.record(c.slot, prompt);
+        let alpha = self.config.mean_prompt_alpha;
+        self.mean_prompt_tokens += alpha * (f64::from(p.prompt_tokens) - self.mean_prompt_tokens);
+        Ok(DispatchHandle {
+            slot: c.slot,
+            generation: c.generation,
+            request_id,
+        })
+    }
+
+    /// Records the first token of a dispatched request at `at`: its prefill leaves the queue, and
+    /// the endpoint's prefill rate, correction and latency learn from its TTFT. Returns the TTFT.
+    pub fn first_token(
+        &mut self,
+        handle: DispatchHandle,
+        at: Time,
+    ) -> Result<Duration, RouterError> {
+        let cfg = self.config.predict;
+        let st = self.handle_state(handle)?;
+        let ft = st
+            .inflight
+            .first_token(handle.request_id, at)
+            .ok_or(RouterError::UnknownRequest)?;
+        let ttft_s = ft.ttft.as_secs_f64();
+        let r = ft.request;
+        let kv = r.kv_pressure_factor.max(1.0);
+        st.rate.observe(
+            r.uncached_tokens,
+            (ttft_s - r.predicted_non_prefill_s) / kv,
+            &cfg,
+        );
+        if r.predicted_raw_ttft_s > 0.0 {
+            let ratio =
+                (ttft_s / r.predicted_raw_ttft_s).clamp(cfg.correction_min, cfg.correction_max);
+            st.correction.observe(ratio, at);
+        }
+        st.latency.observe(ttft_s, at);
+        Ok(ft.ttft)
+    }
+
+    /// Records that a dispatched request finished (or failed, or was cancelled).
+    pub fn complete(&mut self, handle: DispatchHandle) -> Result<(), RouterError> {
+        let st = self.handle_state(handle)?;
+        st.inflight
+            .complete(handle.request_id)
+            .map(|_| ())
+            .ok_or(RouterError::UnknownRequest)
+    }
+
+    /// The endpoint's learned prefill rate, in tokens per second.
+    pub fn prefill_tokens_per_second(&self, id: &EndpointId) -> Option<f64> {
+        self.state(id).map(|st| st.rate.tokens_per_second())
+    }
+
+    /// The endpoint's correction factor at `now` (before clamping).
+    pub fn correction(&self, id: &EndpointId, now: Time) -> Option<f64> {
+        self.state(id).map(|st| st.correction.value_at(now))
+    }
+
+    /// The endpoint's own in-flight requests.
+    pub fn inflight(&self, id: &EndpointId) -> Option<&InFlight> {
+        self.state(id).map(|st| &st.inflight)
+    }
+
+    /// The endpoint's current signals.
+    pub fn signals(&self, id: &EndpointId) -> Option<&Signals> {
+        self.state(id).map(|st| &st.signals)
+    }
+
+    /// The running mean prompt size, in tokens.
+    pub fn mean_prompt_tokens(&self) -> f64 {
+        self.mean_prompt_tokens
+    }
+
+    /// Chunks the approximate index records for the endpoint, and its capacity.
+    pub fn approx_blocks(&self, id: &EndpointId) -> Option<(usize, usize)> {
+        let slot = *self.by_id.get(id)?;
+        Some((self.approx.held_blocks(slot), self.approx.capacity(slot)?))
+    }
+
+    fn slot_of(&self, id: &EndpointId) -> Result<u32, RouterError> {
+        self.by_id
+            .get(id)
+            .copied()
+            .ok_or_else(|| RouterError::UnknownEndpoint(id.clone()))
+    }
+
+    fn state(&self, id: &EndpointId) -> Option<&EndpointState> {
+        let slot = *self.by_id.get(id)?;
+        self.slots[slot as usize].state.as_ref()
+    }
+
+    fn state_mut(&mut self, id: &EndpointId) -> Result<&mut EndpointState, RouterError> {
+        let slot = self.slot_of(id)?;
+        self.slots[slot as usize]
+            .state
+            .as_mut()
+            .ok_or_else(|| RouterError::UnknownEndpoint(id.clone()))
+    }
+
+    fn handle_state(&mut self, h: DispatchHandle) -> Result<&mut EndpointState, RouterError> {
+        let s = self
+            .slots
+            .get_mut(h.slot as usize)
+            .ok_or(RouterError::StaleHandle)?;
+        if s.generation != h.generation {
+            return Err(RouterError::StaleHandle);
+        }
+        s.state.as_mut().ok_or(RouterError::StaleHandle)
+    }
+}

@@ -1,0 +1,526 @@
+//! The routing core driven end to end on a paused clock: scrapes, KV events, decisions, dispatches,
+//! first tokens and completions, all at times the test chooses.
+
+use kinference_routing::{
+    ApproxConfig, BlockHasher, CacheConfig, EndpointId, EndpointMeta, KvEvent, ModelName,
+    ModelPrior, PromptBlocks, Reason, Request, Router, RouterConfig, RouterError, Scrape, Time,
+    decision::Exclusion, prefix::PrefixSource,
+};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+fn t(secs: f64) -> Time {
+    Time::from_secs_f64(secs)
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+const GLM: &str = "glm-5.3";
+const QWEN: &str = "qwen-3.6-27b";
+
+fn prior() -> ModelPrior {
+    ModelPrior {
+        prefill_tokens_per_second: 10_000.0,
+        time_per_output_token_s: 0.02,
+        decode_step_per_seq_s: 0.0,
+        max_num_batched_tokens: 8_192,
+        overhead_s: 0.01,
+    }
+}
+
+/// A router with `n` ready endpoints `e0..` of `model`, each scraped at `scrape_at` with `waiting`.
+fn fleet(n: usize, model: &str, scrape_at: Option<(Time, u32)>) -> Router {
+    let mut r = Router::new(RouterConfig::default());
+    r.set_model_prior(model.into(), prior());
+    add(&mut r, n, model, "e", scrape_at);
+    r
+}
+
+fn add(r: &mut Router, n: usize, model: &str, prefix: &str, scrape_at: Option<(Time, u32)>) {
+    for i in 0..n {
+        let id = EndpointId::from(format!("{prefix}{i}"));
+        r.upsert_endpoint(EndpointMeta::new(id.clone(), model), Time::ZERO);
+        r.set_ready(&id, true).unwrap();
+        if let Some((at, waiting)) = scrape_at {
+            scrape(r, &id, at, waiting, 0, 0.1);
+        }
+    }
+}
+
+fn scrape(r: &mut Router, id: &EndpointId, at: Time, waiting: u32, running: u32, kv: f64) {
+    r.observe_scrape(
+        id,
+        &Scrape {
+            num_requests_waiting: Some(waiting),
+            num_requests_running: Some(running),
+            kv_cache_usage: Some(kv),
+            cache_config: Some(CacheConfig {
+                block_size_tokens: 16,
+                num_gpu_blocks: 10_000,
+            }),
+            prefix_cache: None,
+        },
+        at,
+    )
+    .unwrap();
+}
+
+fn prompt(text: &str) -> PromptBlocks {
+    PromptBlocks::from_text(text.as_bytes(), &ApproxConfig::default())
+}
+
+fn models(names: &[&str]) -> Vec<ModelName> {
+    names.iter().map(|m| ModelName::from(*m)).collect()
+}
+
+fn request<'a>(
+    requested: &'a ModelName,
+    candidates: &'a [ModelName],
+    tokens: u32,
+    blocks: &'a PromptBlocks,
+) -> Request<'a> {
+    Request {
+        requested_model: requested,
+        candidate_models: candidates,
+        prompt_tokens: tokens,
+        max_tokens: Some(256),
+        lora_adapter: None,
+        prompt_blocks: blocks,
+        block_hasher: None,
+    }
+}
+
+#[test]
+fn fifty_sidecars_with_one_snapshot_spread_unless_one_endpoint_is_clearly_better() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let blocks = prompt(&"x".repeat(4_000));
+    // Every sidecar holds the same snapshot: 8 endpoints, each with 2 waiting requests.
+    let mut chosen = BTreeMap::new();
+    for seed in 0..50u64 {
+        let r = fleet(8, GLM, Some((t(1.0), 2)));
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let d = r.decide(&request(glm, &cands, 1_000, &blocks), t(1.1), &mut rng);
+        assert_eq!(d.reason, Reason::TieBroken { tied: 8 });
+        *chosen
+            .entry(d.chosen_endpoint().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    // Deterministically-lowest would send all 50 to one endpoint; uniform ties use most of them.
+    assert!(chosen.len() >= 6, "{chosen:?}");
+    assert!(chosen.values().all(|&n| n <= 15), "{chosen:?}");
+
+    // Same snapshot except e5 has an empty queue: 2 × 1,000 tokens / 10,000 tok/s = 200 ms better.
+    for seed in 0..50u64 {
+        let mut r = fleet(8, GLM, Some((t(1.0), 2)));
+        scrape(&mut r, &EndpointId::from("e5"), t(1.0), 0, 0, 0.1);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let d = r.decide(&request(glm, &cands, 1_000, &blocks), t(1.1), &mut rng);
+        assert_eq!(d.reason, Reason::LowestPredictedTtft);
+        assert_eq!(d.chosen_endpoint().unwrap().as_str(), "e5");
+    }
+}
+
+#[test]
+fn fifty_sidecars_with_one_stale_snapshot_fall_back_and_spread() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let blocks = prompt("short");
+    let mut chosen = BTreeMap::new();
+    for seed in 0..50u64 {
+        let r = fleet(8, GLM, Some((t(1.0), 0)));
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        // 600 ms after the scrape: beyond the 500 ms freshness budget for every endpoint.
+        let d = r.decide(&request(glm, &cands, 1_000, &blocks), t(1.6), &mut rng);
+        assert_eq!(d.reason, Reason::FallbackStaleSignals);
+        assert!(d.reason.is_fallback());
+        let sampled = d
+            .candidates
+            .iter()
+            .filter(|c| c.p2c.is_some_and(|p| p.sampled))
+            .count();
+        assert_eq!(sampled, 2);
+        *chosen
+            .entry(d.chosen_endpoint().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    assert!(chosen.len() >= 6, "{chosen:?}");
+
+    // Just inside the budget the same snapshot is used for prediction.
+    let r = fleet(8, GLM, Some((t(1.0), 0)));
+    let d = r.decide(
+        &request(glm, &cands, 1_000, &blocks),
+        t(1.5),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    assert_eq!(d.reason, Reason::TieBroken { tied: 8 });
+}
+
+#[test]
+fn no_signals_falls_back_to_p2c_over_the_requested_model() {
+    let cands = models(&[GLM, QWEN]);
+    let (glm, _) = (&cands[0], &cands[1]);
+    let mut r = fleet(3, GLM, None);
+    add(&mut r, 3, QWEN, "q", None);
+    let blocks = prompt("short");
+    for seed in 0..20 {
+        let d = r.decide(
+            &request(glm, &cands, 500, &blocks),
+            t(1.0),
+            &mut ChaCha8Rng::seed_from_u64(seed),
+        );
+        assert_eq!(d.reason, Reason::FallbackNoSignals);
+        assert_eq!(d.candidates.len(), 6);
+        assert_eq!(d.chosen_model().unwrap().as_str(), GLM);
+        // Only the requested model's endpoints were costed.
+        for c in &d.candidates {
+            assert_eq!(c.p2c.is_some(), c.model.as_str() == GLM);
+        }
+    }
+}
+
+#[test]
+fn p2c_fallback_prefers_the_endpoint_with_lower_peak_ewma_latency_times_pending() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let mut r = fleet(2, GLM, None);
+    let blocks = prompt("short");
+    // Teach e0 a slow TTFT (2 s) and e1 a fast one (0.1 s) through real dispatches.
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    for (target, ttft_s) in [("e0", 2.0), ("e1", 0.1)] {
+        loop {
+            let d = r.decide(&request(glm, &cands, 100, &blocks), t(0.0), &mut rng);
+            if d.chosen_endpoint().unwrap().as_str() == target {
+                let h = r.dispatch(&d, &blocks, t(0.0)).unwrap();
+                r.first_token(h, t(ttft_s)).unwrap();
+                r.complete(h).unwrap();
+                break;
+            }
+            // Not the target: dispatch and complete at once, which leaves its state unchanged.
+            let h = r.dispatch(&d, &blocks, t(0.0)).unwrap();
+            r.complete(h).unwrap();
+        }
+    }
+    // With two endpoints both are always sampled: the lower cost (e1) always wins.
+    for seed in 0..20 {
+        let d = r.decide(
+            &request(glm, &cands, 100, &blocks),
+            t(3.0),
+            &mut ChaCha8Rng::seed_from_u64(seed),
+        );
+        assert_eq!(d.reason, Reason::FallbackNoSignals);
+        assert_eq!(d.chosen_endpoint().unwrap().as_str(), "e1");
+        let p = d.chosen().unwrap().p2c.unwrap();
+        // e1's latency: 0.1 s observed at t = 0.1 s, decayed toward 0 for 2.9 s with tau = 10 s.
+        assert!(
+            close(p.latency_ewma_s, 0.1 * (-(3.0 - 0.1) / 10.0f64).exp()),
+            "{p:?}"
+        );
+        assert_eq!(p.pending_requests, 0);
+    }
+}
+
+#[test]
+fn own_dispatches_are_seen_by_the_very_next_decision() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let mut r = fleet(4, GLM, Some((t(1.0), 0)));
+    let mut rng = ChaCha8Rng::seed_from_u64(42);
+    let mut per_endpoint = BTreeMap::new();
+    // 8 distinct 2,000-token prompts at the same instant, no scrape in between.
+    for i in 0..8 {
+        let blocks = prompt(&format!("{i:08}").repeat(1_000));
+        let d = r.decide(&request(glm, &cands, 2_000, &blocks), t(1.1), &mut rng);
+        r.dispatch(&d, &blocks, t(1.1)).unwrap();
+        *per_endpoint
+            .entry(d.chosen_endpoint().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    // Each dispatch adds 0.2 s of queued prefill to its endpoint, beyond the tie window: round robin.
+    assert_eq!(
+        per_endpoint.values().copied().collect::<Vec<_>>(),
+        vec![2, 2, 2, 2]
+    );
+    let inflight = r.inflight(&EndpointId::from("e0")).unwrap();
+    assert_eq!(inflight.queued_prefill_tokens(), 4_000);
+    assert_eq!(inflight.awaiting_first_token(), 2);
+}
+
+#[test]
+fn cache_overlap_attracts_the_prompt_and_is_explained() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let mut r = fleet(4, GLM, Some((t(1.0), 0)));
+    let system = "You are a helpful assistant. ".repeat(1_000); // 29,000 bytes: 453 chunks of 64
+    let first = prompt(&format!("{system}question one"));
+    let d = r.decide(
+        &request(glm, &cands, 7_300, &first),
+        t(1.1),
+        &mut ChaCha8Rng::seed_from_u64(1),
+    );
+    let holder = d.chosen_endpoint().unwrap().clone();
+    let h = r.dispatch(&d, &first, t(1.1)).unwrap();
+    r.first_token(h, t(1.2)).unwrap();
+    r.complete(h).unwrap();
+
+    let second = prompt(&format!("{system}a different question"));
+    for seed in 0..20 {
+        let d = r.decide(
+            &request(glm, &cands, 7_300, &second),
+            t(1.3),
+            &mut ChaCha8Rng::seed_from_u64(seed),
+        );
+        assert_eq!(d.chosen_endpoint(), Some(&holder));
+        assert_eq!(d.reason, Reason::LowestPredictedTtft);
+        let p = &d.chosen().unwrap().prediction;
+        // 29,000 / 64 = 453 full chunks of system prompt shared, × 16 tokens.
+        assert_eq!(p.cached_tokens, 453 * 16);
+        assert_eq!(p.prefix_source, Some(PrefixSource::Approximate));
+        for c in d.candidates.iter().filter(|c| c.endpoint != holder) {
+            assert_eq!(c.prediction.cached_tokens, 0);
+        }
+    }
+    // The approximate index is sized from the scraped cache config: 10,000 blocks × 16 / 16.
+    let (held, capacity) = r.approx_blocks(&holder).unwrap();
+    assert_eq!((held, capacity), (first.hashes().len(), 10_000));
+}
+
+struct FixedHasher(Vec<u64>);
+impl BlockHasher for FixedHasher {
+    fn block_hashes(&self, model: &ModelName, block_size_tokens: u32) -> Option<Vec<u64>> {
+        (model.as_str() == GLM && block_size_tokens == 16).then(|| self.0.clone())
+    }
+}
+
+#[test]
+fn precise_index_answers_for_endpoints_with_kv_events() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let mut r = fleet(2, GLM, Some((t(1.0), 0)));
+    let e1 = EndpointId::from("e1");
+    let mut meta = EndpointMeta::new(e1.clone(), GLM);
+    meta.kv_events = true;
+    r.upsert_endpoint(meta, t(1.0));
+    r.apply_kv_events(
+        &e1,
+        &[KvEvent::BlockStored {
+            block_hashes: vec![100, 101, 102, 103],
+            parent_block_hash: None,
+            token_ids: vec![0; 64],
+            block_size: 16,
+        }],
+    )
+    .unwrap();
+    let hasher = FixedHasher(vec![100, 101, 102, 999, 103]);
+    let blocks = prompt("no approximate overlap anywhere");
+    let mut req = request(glm, &cands, 200, &blocks);
+    req.block_hasher = Some(&hasher);
+    let d = r.decide(&req, t(1.1), &mut ChaCha8Rng::seed_from_u64(0));
+    let c1 = d.candidates.iter().find(|c| c.endpoint == e1).unwrap();
+    assert_eq!(c1.prediction.cached_tokens, 48);
+    assert_eq!(c1.prediction.prefix_source, Some(PrefixSource::Precise));
+    let c0 = d.candidates.iter().find(|c| c.endpoint != e1).unwrap();
+    assert_eq!(c0.prediction.prefix_source, Some(PrefixSource::Approximate));
+    assert_eq!(c0.prediction.cached_tokens, 0);
+    // 48 fewer tokens of prefill (4.8 ms) is within the 5 ms tie window.
+    assert_eq!(d.reason, Reason::TieBroken { tied: 2 });
+    r.apply_kv_events(
+        &e1,
+        &[KvEvent::BlockRemoved {
+            block_hashes: vec![100],
+        }],
+    )
+    .unwrap();
+    let d = r.decide(&req, t(1.1), &mut ChaCha8Rng::seed_from_u64(0));
+    let c1 = d.candidates.iter().find(|c| c.endpoint == e1).unwrap();
+    assert_eq!(c1.prediction.cached_tokens, 0);
+}
+
+#[test]
+fn readiness_and_lora_filter_candidates_and_are_recorded() {
+    let cands = models(&[GLM, QWEN]);
+    let glm = &cands[0];
+    let mut r = fleet(2, GLM, Some((t(1.0), 0)));
+    let mut meta = EndpointMeta::new("lora0", QWEN);
+    meta.lora_adapters = vec![Arc::from("sql-adapter")];
+    r.upsert_endpoint(meta, t(0.0));
+    r.set_ready(&EndpointId::from("lora0"), true).unwrap();
+    scrape(&mut r, &EndpointId::from("lora0"), t(1.0), 5, 0, 0.1);
+    r.set_ready(&EndpointId::from("e1"), false).unwrap();
+    let blocks = prompt("q");
+    let mut req = request(glm, &cands, 100, &blocks);
+    req.lora_adapter = Some("sql-adapter");
+    let d = r.decide(&req, t(1.1), &mut ChaCha8Rng::seed_from_u64(0));
+    assert_eq!(d.candidates.len(), 1);
+    assert_eq!(d.chosen_endpoint().unwrap().as_str(), "lora0");
+    assert_eq!(d.chosen_model().unwrap().as_str(), QWEN);
+    let why: BTreeMap<_, _> = d
+        .excluded
+        .iter()
+        .map(|e| (e.endpoint.to_string(), e.why))
+        .collect();
+    assert_eq!(why.get("e0"), Some(&Exclusion::MissingLoraAdapter));
+    assert_eq!(why.get("e1"), Some(&Exclusion::NotReady));
+
+    r.set_ready(&EndpointId::from("lora0"), false).unwrap();
+    let d = r.decide(&req, t(1.1), &mut ChaCha8Rng::seed_from_u64(0));
+    assert_eq!(d.reason, Reason::NoCandidates);
+    assert_eq!(d.chosen(), None);
+    assert_eq!(
+        r.dispatch(&d, &blocks, t(1.1)),
+        Err(RouterError::NothingChosen)
+    );
+}
+
+#[test]
+fn correction_rises_at_once_on_a_slow_first_token_then_decays_toward_one() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let mut r = fleet(1, GLM, Some((t(1.0), 0)));
+    let e0 = EndpointId::from("e0");
+    let blocks = prompt("q");
+    let d = r.decide(
+        &request(glm, &cands, 1_000, &blocks),
+        t(1.0),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    let raw = d.chosen().unwrap().prediction.raw_ttft_s;
+    assert!(close(raw, 0.1 + 0.01)); // 1,000 tokens / 10,000 tok/s + overhead
+    let h = r.dispatch(&d, &blocks, t(1.0)).unwrap();
+    // The first token takes 3× the prediction.
+    r.first_token(h, t(1.0 + 3.0 * raw)).unwrap();
+    let at = t(1.0 + 3.0 * raw);
+    assert!(close(r.correction(&e0, at).unwrap(), 3.0));
+    // One time constant (10 s) later the excess over 1 has decayed by e^-1.
+    let later = at + Duration::from_secs(10);
+    assert!(close(
+        r.correction(&e0, later).unwrap(),
+        1.0 + 2.0 * (-1.0f64).exp()
+    ));
+    // And the prediction carries it.
+    scrape(&mut r, &e0, later, 0, 0, 0.1);
+    let d = r.decide(
+        &request(glm, &cands, 1_000, &blocks),
+        later,
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    let p = &d.chosen().unwrap().prediction;
+    assert!(close(p.correction, 1.0 + 2.0 * (-1.0f64).exp()));
+    assert!(close(p.predicted_ttft_s, p.raw_ttft_s * p.correction));
+}
+
+#[test]
+fn prefill_rate_is_learned_from_first_tokens() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let mut r = fleet(1, GLM, Some((t(1.0), 0)));
+    let e0 = EndpointId::from("e0");
+    let blocks = prompt("q");
+    let d = r.decide(
+        &request(glm, &cands, 4_000, &blocks),
+        t(1.0),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    let h = r.dispatch(&d, &blocks, t(1.0)).unwrap();
+    // 4,000 uncached tokens arrive after 0.81 s: 0.8 s of prefill after 10 ms overhead = 5,000 tok/s.
+    r.first_token(h, t(1.81)).unwrap();
+    assert!(close(
+        r.prefill_tokens_per_second(&e0).unwrap(),
+        10_000.0 + 0.2 * (5_000.0 - 10_000.0)
+    ));
+    assert_eq!(r.first_token(h, t(2.0)), Err(RouterError::UnknownRequest));
+    r.complete(h).unwrap();
+    assert_eq!(r.complete(h), Err(RouterError::UnknownRequest));
+}
+
+#[test]
+fn one_stale_endpoint_keeps_only_its_own_inflight_when_others_are_fresh() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let mut r = fleet(2, GLM, Some((t(1.0), 0)));
+    // e0 reports 10 waiting but that scrape is stale; e1 reports 1 waiting, fresh.
+    scrape(&mut r, &EndpointId::from("e0"), t(0.2), 10, 0, 0.1);
+    scrape(&mut r, &EndpointId::from("e1"), t(0.9), 1, 0, 0.1);
+    let blocks = prompt("q");
+    let d = r.decide(
+        &request(glm, &cands, 1_000, &blocks),
+        t(1.0),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    // e0's scrape at 1.0 s (waiting 0) is newer, so the 0.2 s one was ignored; make it stale instead.
+    assert_eq!(
+        d.candidates[0].prediction.reported_waiting.unwrap().value,
+        0.0
+    );
+    let mut r = fleet(1, GLM, Some((t(0.2), 10)));
+    add(&mut r, 1, GLM, "f", Some((t(0.9), 1)));
+    let d = r.decide(
+        &request(glm, &cands, 1_000, &blocks),
+        t(1.0),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    assert!(!d.reason.is_fallback());
+    let stale = d
+        .candidates
+        .iter()
+        .find(|c| c.endpoint.as_str() == "e0")
+        .unwrap();
+    assert!(!stale.prediction.signals_fresh);
+    assert_eq!(stale.prediction.other_waiting_requests, 0);
+    assert!(close(stale.prediction.reported_waiting.unwrap().age_s, 0.8));
+    let fresh = d
+        .candidates
+        .iter()
+        .find(|c| c.endpoint.as_str() == "f0")
+        .unwrap();
+    assert_eq!(fresh.prediction.other_waiting_requests, 1);
+    // e0 looks empty (0.11 s) and f0 has one 1,000-token request queued (0.21 s): e0 wins.
+    assert_eq!(d.chosen_endpoint().unwrap().as_str(), "e0");
+}
+
+#[test]
+fn decision_serializes_without_prompt_text() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let r = fleet(2, GLM, Some((t(1.0), 0)));
+    let secret = "SECRET-PROMPT-TEXT ".repeat(10);
+    let blocks = prompt(&secret);
+    let d = r.decide(
+        &request(glm, &cands, 50, &blocks),
+        t(1.1),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    let json = serde_json::to_value(&d).unwrap();
+    let text = json.to_string();
+    assert!(!text.contains("SECRET"));
+    assert_eq!(json["reason"]["kind"], "tie_broken");
+    assert_eq!(json["requested_model"], GLM);
+    assert_eq!(json["candidates"].as_array().unwrap().len(), 2);
+    let w = &json["candidates"][0]["prediction"]["reported_waiting"];
+    assert!((w["age_s"].as_f64().unwrap() - 0.1).abs() < 1e-9);
+    assert_eq!(w["used"], true);
+}
+
+#[test]
+fn handles_of_a_removed_endpoint_are_stale() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let mut r = fleet(1, GLM, Some((t(1.0), 0)));
+    let blocks = prompt("q");
+    let d = r.decide(
+        &request(glm, &cands, 100, &blocks),
+        t(1.0),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    let h = r.dispatch(&d, &blocks, t(1.0)).unwrap();
+    assert!(r.remove_endpoint(&EndpointId::from("e0")));
+    add(&mut r, 1, GLM, "e", Some((t(1.0), 0))); // same id, same slot, new generation
+    assert_eq!(r.first_token(h, t(1.1)), Err(RouterError::StaleHandle));
+    assert_eq!(
+        r.dispatch(&d, &blocks, t(1.0)),
+        Err(RouterError::StaleHandle)
+    );
+}
