@@ -9,7 +9,6 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     process::Stdio,
-    sync::OnceLock,
     time::Duration,
 };
 use tokio::{
@@ -27,32 +26,12 @@ pub fn examples_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
 }
 
-/// Builds the controller binary once per test process and returns its path.
-fn controller_binary() -> anyhow::Result<PathBuf> {
-    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(path) = std::env::var("KINFERENCE_POLICY_CONTROLLER") {
-            return Ok(PathBuf::from(path));
-        }
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "--quiet", "-p", "kinference-policy-controller"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .map_err(|e| format!("running cargo build: {e}"))?;
-        if !status.success() {
-            return Err(format!("cargo build failed: {status}"));
-        }
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        // target/<profile>/deps/<test> -> target/<profile>/kinference-policy-controller
-        let dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .ok_or("unexpected test binary location")?;
-        Ok(dir.join("kinference-policy-controller"))
-    })
-    .clone()
-    .map_err(anyhow::Error::msg)
+/// The controller binary to run: `$KINFERENCE_POLICY_CONTROLLER` when set (to test the
+/// real `kinference-policy-controller` or a release build), else `default`; scenario tests
+/// pass the copy cargo builds with this crate, which runs the controller crate's own
+/// `Args` and `run` exactly as its `main` does.
+pub fn controller_binary(default: &str) -> PathBuf {
+    std::env::var_os("KINFERENCE_POLICY_CONTROLLER").map_or_else(|| PathBuf::from(default), PathBuf::from)
 }
 
 /// A running controller on its own manifest directory.
@@ -65,8 +44,9 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// Copies `manifests` to a temporary directory and starts the controller on it.
-    pub async fn start(manifests: &Path) -> anyhow::Result<Self> {
+    /// Copies `manifests` to a temporary directory and starts the controller binary `bin`
+    /// on it.
+    pub async fn start(bin: &Path, manifests: &Path) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         for entry in std::fs::read_dir(manifests)
             .with_context(|| format!("reading {}", manifests.display()))?
@@ -78,7 +58,7 @@ impl Controller {
                 }
             }
         }
-        let mut child = Command::new(controller_binary()?)
+        let mut child = Command::new(bin)
             .arg("--manifests")
             .arg(dir.path())
             .args([

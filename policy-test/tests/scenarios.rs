@@ -2,7 +2,7 @@
 //! APIs while files are added, changed and deleted, and each expected update must
 //! arrive (within a bound that catches hangs, not slowness).
 
-use kinference_policy_test::{Controller, examples_dir, next_matching};
+use kinference_policy_test::{Controller, controller_binary, examples_dir, next_matching};
 use kinference_proxy_api::{
     InferencePoliciesClient,
     inference::{
@@ -23,6 +23,11 @@ use std::net::SocketAddr;
 const AUTHORITY: &str = "llm.default.svc.cluster.local:8000";
 const GLM_PATH: &str = "glm-5.3.default.inferencepool.kinference.io";
 const QWEN_PATH: &str = "qwen-3.6-27b.default.inferencepool.kinference.io";
+
+async fn start() -> anyhow::Result<Controller> {
+    let bin = controller_binary(env!("CARGO_BIN_EXE_kinference-policy-controller-under-test"));
+    Controller::start(&bin, &examples_dir()).await
+}
 
 fn target() -> InferenceTarget {
     InferenceTarget {
@@ -100,7 +105,7 @@ fn local(port: u16) -> SocketAddr {
 
 #[tokio::test]
 async fn serves_the_example_policy() -> anyhow::Result<()> {
-    let ctl = Controller::start(&examples_dir()).await?;
+    let ctl = start().await?;
     let mut stream = watch_inference(&ctl).await?;
     let (p, _) = next_matching(&mut stream, "the served policy", |_| true).await?;
     assert_eq!(status_kind(&p), status::Kind::Served, "{p:#?}");
@@ -160,7 +165,7 @@ fn prost_duration(seconds: i64, nanos: i32) -> kinference_proxy_api::prost_types
 
 #[tokio::test]
 async fn outbound_policy_routes_to_the_pool() -> anyhow::Result<()> {
-    let ctl = Controller::start(&examples_dir()).await?;
+    let ctl = start().await?;
     let mut client = OutboundPoliciesClient::new(ctl.channel().await?);
     let spec = outbound::TrafficSpec {
         source_workload: "apps:chat".into(),
@@ -222,7 +227,7 @@ fn http_backends(p: &outbound::OutboundPolicy) -> Vec<(String, String, String, u
 
 #[tokio::test]
 async fn a_new_model_is_streamed() -> anyhow::Result<()> {
-    let ctl = Controller::start(&examples_dir()).await?;
+    let ctl = start().await?;
     let mut stream = watch_inference(&ctl).await?;
     next_matching(&mut stream, "the served policy", |p| status_kind(p) == status::Kind::Served).await?;
     edit(
@@ -242,7 +247,7 @@ async fn a_new_model_is_streamed() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn a_rule_change_is_streamed() -> anyhow::Result<()> {
-    let ctl = Controller::start(&examples_dir()).await?;
+    let ctl = start().await?;
     let mut stream = watch_inference(&ctl).await?;
     let (first, _) = next_matching(&mut stream, "the served policy", |p| status_kind(p) == status::Kind::Served).await?;
     edit(&ctl, "policy.yaml", "minConfidence: 0.5", "minConfidence: 0.8")?;
@@ -257,7 +262,7 @@ async fn a_rule_change_is_streamed() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn a_deleted_policy_is_withdrawn() -> anyhow::Result<()> {
-    let ctl = Controller::start(&examples_dir()).await?;
+    let ctl = start().await?;
     let mut stream = watch_inference(&ctl).await?;
     next_matching(&mut stream, "the served policy", |p| status_kind(p) == status::Kind::Served).await?;
     ctl.remove("policy.yaml")?;
@@ -270,7 +275,7 @@ async fn a_deleted_policy_is_withdrawn() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn an_invalid_policy_is_not_served() -> anyhow::Result<()> {
-    let ctl = Controller::start(&examples_dir()).await?;
+    let ctl = start().await?;
     let mut stream = watch_inference(&ctl).await?;
     next_matching(&mut stream, "the served policy", |p| status_kind(p) == status::Kind::Served).await?;
     edit(&ctl, "policy.yaml", "addModels: [\"qwen-3.6-27b\"]", "addModels: [\"qwen-9\"]")?;
@@ -292,7 +297,7 @@ async fn an_invalid_policy_is_not_served() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn a_malformed_file_keeps_its_last_good_contents() -> anyhow::Result<()> {
-    let mut ctl = Controller::start(&examples_dir()).await?;
+    let mut ctl = start().await?;
     let mut stream = watch_inference(&ctl).await?;
     next_matching(&mut stream, "the served policy", |p| status_kind(p) == status::Kind::Served).await?;
     ctl.write("policy.yaml", "spec: [unclosed\n")?;
@@ -315,7 +320,7 @@ async fn a_malformed_file_keeps_its_last_good_contents() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn endpoints_stream_with_their_facts() -> anyhow::Result<()> {
-    let ctl = Controller::start(&examples_dir()).await?;
+    let ctl = start().await?;
     let mut stream = watch_endpoints(&ctl, GLM_PATH).await?;
     let (first, _) = next_matching(&mut stream, "the glm endpoints", |_| true).await?;
     let mut eps = added(&first);
@@ -338,7 +343,7 @@ async fn endpoints_stream_with_their_facts() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn a_pool_with_no_ready_endpoints_has_no_endpoints() -> anyhow::Result<()> {
-    let ctl = Controller::start(&examples_dir()).await?;
+    let ctl = start().await?;
     let mut stream = watch_endpoints(&ctl, QWEN_PATH).await?;
     let (first, _) = next_matching(&mut stream, "the qwen endpoints", |_| true).await?;
     assert_eq!(added(&first).len(), 2);
@@ -365,7 +370,7 @@ async fn a_pool_with_no_ready_endpoints_has_no_endpoints() -> anyhow::Result<()>
 
 #[tokio::test]
 async fn admin_reports_health_and_streams() -> anyhow::Result<()> {
-    let ctl = Controller::start(&examples_dir()).await?;
+    let ctl = start().await?;
     assert_eq!(ctl.admin_get("/live").await?.0, 200);
     assert_eq!(ctl.admin_get("/ready").await?.0, 200);
     assert_eq!(ctl.admin_get("/nope").await?.0, 404);
@@ -382,7 +387,7 @@ async fn admin_reports_health_and_streams() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn bad_targets_are_rejected() -> anyhow::Result<()> {
-    let ctl = Controller::start(&examples_dir()).await?;
+    let ctl = start().await?;
     let mut client = InferencePoliciesClient::new(ctl.channel().await?);
     let bad = InferenceTarget {
         source_workload: String::new(),

@@ -1,0 +1,159 @@
+//! The sidecar's configuration: flags, each with an environment variable so injection can set it.
+//!
+//! Everything that identifies the workload (its tenant, the parent it calls) comes from here and
+//! never from a request, unless the operator explicitly allows a tenant header.
+
+use clap::Parser;
+use std::{net::SocketAddr, time::Duration};
+
+/// How the proxy speaks to model servers.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 with keep-alive connection pools.
+    Http1,
+    /// HTTP/2 cleartext with prior knowledge (one multiplexed connection per endpoint).
+    H2,
+}
+
+/// Log output format.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Json,
+    Plain,
+}
+
+#[derive(Clone, Debug, Parser)]
+#[command(name = "kinference-proxy", version, about = "The Kinference sidecar proxy")]
+pub struct Config {
+    /// Where the application's OpenAI requests arrive (HTTP/1.1 and h2c); port 0 picks a free port.
+    #[arg(long, env = "KINFERENCE_PROXY_LISTEN_ADDR", default_value = "127.0.0.1:4140")]
+    pub listen_addr: SocketAddr,
+
+    /// The admin listener (`/metrics`, `/ready`, `/live`, `/debug/*`); loopback only by default.
+    #[arg(long, env = "KINFERENCE_PROXY_ADMIN_ADDR", default_value = "127.0.0.1:4191")]
+    pub admin_addr: SocketAddr,
+
+    /// The policy controller's gRPC address.
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_CONTROLLER_ADDR",
+        default_value = "http://127.0.0.1:8090"
+    )]
+    pub controller_addr: http::Uri,
+
+    /// The parent authority the application calls, as the controller keys policy by it.
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_TARGET",
+        default_value = "llm.default.svc.cluster.local:8000"
+    )]
+    pub target: String,
+
+    /// The workload this sidecar serves, `namespace/name`: the tenant of every request.
+    #[arg(long, env = "KINFERENCE_PROXY_WORKLOAD", default_value = "default/app")]
+    pub workload: String,
+
+    /// The workload's pod labels, `key=value`, for policy rules that select workloads by label.
+    #[arg(long = "workload-label", env = "KINFERENCE_PROXY_WORKLOAD_LABELS", value_delimiter = ',')]
+    pub workload_labels: Vec<String>,
+
+    /// Let the `x-kinference-tenant` request header name the tenant (off: the workload is the tenant).
+    #[arg(long, env = "KINFERENCE_PROXY_ALLOW_TENANT_HEADER")]
+    pub allow_tenant_header: bool,
+
+    /// The largest request body read, in bytes; larger bodies get 413.
+    #[arg(long, env = "KINFERENCE_PROXY_BODY_LIMIT_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub body_limit_bytes: usize,
+
+    /// Retries of one request on the next-best endpoint (connect errors, 5xx and 429 before the
+    /// first byte).
+    #[arg(long, env = "KINFERENCE_PROXY_RETRY_BUDGET", default_value_t = 2)]
+    pub retry_budget: u32,
+
+    /// How often each endpoint's `/metrics` is scraped, in milliseconds.
+    #[arg(long, env = "KINFERENCE_PROXY_SCRAPE_INTERVAL_MS", default_value_t = 100)]
+    pub scrape_interval_ms: u64,
+
+    /// The timeout of one scrape, in milliseconds.
+    #[arg(long, env = "KINFERENCE_PROXY_SCRAPE_TIMEOUT_MS", default_value_t = 250)]
+    pub scrape_timeout_ms: u64,
+
+    /// How long to connect to an endpoint before trying the next one, in milliseconds.
+    #[arg(long, env = "KINFERENCE_PROXY_CONNECT_TIMEOUT_MS", default_value_t = 1_000)]
+    pub connect_timeout_ms: u64,
+
+    /// How long to wait for an endpoint's response headers, in milliseconds (0: no limit).
+    #[arg(long, env = "KINFERENCE_PROXY_RESPONSE_TIMEOUT_MS", default_value_t = 0)]
+    pub response_timeout_ms: u64,
+
+    /// The protocol spoken to model servers.
+    #[arg(long, env = "KINFERENCE_PROXY_UPSTREAM_PROTOCOL", value_enum, default_value = "http1")]
+    pub upstream_protocol: UpstreamProtocol,
+
+    /// How many recent decision records `/debug/decisions` keeps.
+    #[arg(long, env = "KINFERENCE_PROXY_DECISION_RECORDS", default_value_t = 256)]
+    pub decision_records: usize,
+
+    #[arg(long, env = "KINFERENCE_PROXY_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    pub fn scrape_interval(&self) -> Duration {
+        Duration::from_millis(self.scrape_interval_ms.max(1))
+    }
+
+    pub fn scrape_timeout(&self) -> Duration {
+        Duration::from_millis(self.scrape_timeout_ms.max(1))
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms.max(1))
+    }
+
+    pub fn response_timeout(&self) -> Option<Duration> {
+        (self.response_timeout_ms > 0).then(|| Duration::from_millis(self.response_timeout_ms))
+    }
+
+    /// The workload labels as pairs; entries without `=` are ignored.
+    pub fn workload_label_pairs(&self) -> Vec<(String, String)> {
+        self.workload_labels
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_flags_parse() {
+        let c = Config::try_parse_from([
+            "kinference-proxy",
+            "--listen-addr",
+            "127.0.0.1:0",
+            "--workload",
+            "team-a/chat",
+            "--workload-label",
+            "app=chat,tier = gold,bogus",
+            "--upstream-protocol",
+            "h2",
+        ])
+        .unwrap();
+        assert_eq!(c.workload, "team-a/chat");
+        assert_eq!(c.upstream_protocol, UpstreamProtocol::H2);
+        assert_eq!(c.body_limit_bytes, 16 * 1024 * 1024);
+        assert!(!c.allow_tenant_header);
+        assert_eq!(
+            c.workload_label_pairs(),
+            vec![
+                ("app".to_string(), "chat".to_string()),
+                ("tier".to_string(), "gold".to_string())
+            ]
+        );
+        assert_eq!(c.response_timeout(), None);
+    }
+}
