@@ -9,11 +9,12 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use kinference_policy_k8s_index::SharedIndex;
 use std::convert::Infallible;
 use tokio::net::TcpListener;
 
 /// Serves until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Metrics) {
+pub async fn serve(listener: TcpListener, metrics: Metrics, index: SharedIndex) {
     loop {
         let (io, _) = match listener.accept().await {
             Ok(conn) => conn,
@@ -23,10 +24,12 @@ pub async fn serve(listener: TcpListener, metrics: Metrics) {
             }
         };
         let metrics = metrics.clone();
+        let index = index.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let metrics = metrics.clone();
-                async move { Ok::<_, Infallible>(handle(&req, &metrics)) }
+                let index = index.clone();
+                async move { Ok::<_, Infallible>(handle(&req, &metrics, &index)) }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             if let Err(error) = builder.serve_connection(TokioIo::new(io), svc).await {
@@ -45,16 +48,27 @@ fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &str) -> Respo
     rsp
 }
 
-fn handle(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+fn handle(
+    req: &Request<Incoming>,
+    metrics: &Metrics,
+    index: &SharedIndex,
+) -> Response<Full<Bytes>> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n", PLAIN);
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed\n",
+            PLAIN,
+        );
     }
     match req.uri().path() {
         "/live" => text(StatusCode::OK, "live\n", PLAIN),
         "/ready" if metrics.is_ready() => text(StatusCode::OK, "ready\n", PLAIN),
         "/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n", PLAIN),
         "/metrics" => {
+            // Sizes change when proxies start watching too, not only on reloads.
+            let sizes = index.read().sizes();
+            metrics.set_sizes(&sizes);
             let mut body = String::new();
             match prometheus_client::encoding::text::encode(&mut body, &metrics.registry) {
                 Ok(()) => text(
@@ -62,7 +76,11 @@ fn handle(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
                     body,
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 ),
-                Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n", PLAIN),
+                Err(_) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "encoding failed\n",
+                    PLAIN,
+                ),
             }
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n", PLAIN),

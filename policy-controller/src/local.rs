@@ -53,8 +53,8 @@ impl LocalSource {
     /// Re-reads the directory and applies what changed.
     pub fn reload(&mut self) -> anyhow::Result<Reload> {
         let mut stats = Reload::default();
-        let paths = manifest_paths(&self.dir)
-            .with_context(|| format!("reading {}", self.dir.display()))?;
+        let paths =
+            manifest_paths(&self.dir).with_context(|| format!("reading {}", self.dir.display()))?;
         self.files.retain(|p, _| paths.contains(p));
         for path in paths {
             match read_file(&path) {
@@ -219,4 +219,71 @@ fn read_file(path: &Path) -> anyhow::Result<(Docs, Vec<(usize, String)>)> {
         }
     }
     Ok((docs, errors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kinference_policy_core::{DiscoverEndpoints, PoolRef};
+
+    const POOL: &str = "apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {name: p}
+spec:
+  selector: {matchLabels: {app: vllm}}
+  targetPorts: [{number: 8001}]
+";
+
+    const SLICE: &str = "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: s, labels: {app: vllm}}
+addressType: IPv4
+endpoints: [{addresses: [127.0.0.1]}]
+ports: [{port: 8001}]
+";
+
+    #[test]
+    fn reload_applies_only_differences_and_deletes_what_disappeared() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("pool.yaml"), POOL).unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/slice.yml"), SLICE).unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "not a manifest").unwrap();
+        std::fs::write(dir.path().join(".hidden.yaml"), "{ bad").unwrap();
+        let index = kinference_policy_k8s_index::Index::shared();
+        let mut source = LocalSource::new(dir.path().into(), index.clone(), Metrics::new());
+        assert_eq!(
+            source.reload().unwrap(),
+            Reload {
+                applied: 2,
+                deleted: 0,
+                errors: 0
+            }
+        );
+        let rx = index
+            .watch_endpoints(&PoolRef::new("default", "p"))
+            .unwrap();
+        assert_eq!(rx.borrow().endpoints.len(), 1);
+        assert_eq!(source.reload().unwrap(), Reload::default());
+
+        // A file that stops parsing keeps its resources.
+        std::fs::write(dir.path().join("sub/slice.yml"), "endpoints: [unclosed").unwrap();
+        assert_eq!(source.reload().unwrap().errors, 1);
+        assert_eq!(rx.borrow().endpoints.len(), 1);
+
+        // A removed file deletes its resources.
+        std::fs::remove_file(dir.path().join("sub/slice.yml")).unwrap();
+        assert_eq!(source.reload().unwrap().deleted, 1);
+        assert!(rx.borrow().endpoints.is_empty());
+
+        // A document of the wrong shape is skipped and counted; others in the file load.
+        std::fs::write(
+            dir.path().join("two.yaml"),
+            format!("{SLICE}---\napiVersion: v1\nkind: Service\nmetadata: {{name: x}}\nspec: {{ports: 3}}\n"),
+        )
+        .unwrap();
+        let r = source.reload().unwrap();
+        assert_eq!((r.applied, r.errors), (1, 1));
+        assert_eq!(rx.borrow().endpoints.len(), 1);
+    }
 }

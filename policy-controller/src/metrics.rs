@@ -78,12 +78,9 @@ impl Metrics {
             "Manifest documents that could not be read",
             manifest_errors.clone(),
         );
-        let update_seconds = Histogram::new(
-            [
-                0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0,
-            ]
-            .into_iter(),
-        );
+        let update_seconds = Histogram::new([
+            0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0,
+        ]);
         registry.register(
             "index_update_seconds",
             "Time to apply one batch of changes to the index and publish the results",

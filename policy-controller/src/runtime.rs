@@ -53,6 +53,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let mut source = LocalSource::new(args.manifests.clone(), index.clone(), metrics.clone());
     source.reload().context("reading the manifest directory")?;
+    // The index holds the manifests: proxies may be served.
+    metrics.set_ready();
 
     let grpc = TcpListener::bind(args.grpc_addr)
         .await
@@ -66,10 +68,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     println!("kinference-policy-controller grpc={grpc_addr} admin={admin_addr}");
     tracing::info!(%grpc_addr, %admin_addr, manifests = %args.manifests.display(), "serving");
 
-    tokio::spawn(admin::serve(admin, metrics.clone()));
+    tokio::spawn(admin::serve(admin, metrics.clone(), index.clone()));
     let debounce = Duration::from_millis(args.debounce_ms);
     let watch = tokio::spawn(source.watch(debounce));
-    metrics.set_ready();
 
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;

@@ -31,7 +31,8 @@ pub fn examples_dir() -> PathBuf {
 /// pass the copy cargo builds with this crate, which runs the controller crate's own
 /// `Args` and `run` exactly as its `main` does.
 pub fn controller_binary(default: &str) -> PathBuf {
-    std::env::var_os("KINFERENCE_POLICY_CONTROLLER").map_or_else(|| PathBuf::from(default), PathBuf::from)
+    std::env::var_os("KINFERENCE_POLICY_CONTROLLER")
+        .map_or_else(|| PathBuf::from(default), PathBuf::from)
 }
 
 /// A running controller on its own manifest directory.
@@ -47,28 +48,36 @@ impl Controller {
     /// Copies `manifests` to a temporary directory and starts the controller binary `bin`
     /// on it.
     pub async fn start(bin: &Path, manifests: &Path) -> anyhow::Result<Self> {
+        Self::start_with(bin, manifests, 20).await
+    }
+
+    /// As [`Controller::start`], with the controller's `--debounce-ms`.
+    pub async fn start_with(
+        bin: &Path,
+        manifests: &Path,
+        debounce_ms: u64,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         for entry in std::fs::read_dir(manifests)
             .with_context(|| format!("reading {}", manifests.display()))?
         {
             let path = entry?.path();
-            if path.is_file() {
-                if let Some(name) = path.file_name() {
-                    std::fs::copy(&path, dir.path().join(name))?;
-                }
+            if path.is_file()
+                && let Some(name) = path.file_name()
+            {
+                std::fs::copy(&path, dir.path().join(name))?;
             }
         }
         let mut child = Command::new(bin)
             .arg("--manifests")
             .arg(dir.path())
-            .args([
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--admin-addr",
-                "127.0.0.1:0",
-                "--debounce-ms",
-                "20",
-            ])
+            .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+            .args(["--debounce-ms", &debounce_ms.to_string()])
+            // Quiet unless a run asks for more with RUST_LOG.
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)

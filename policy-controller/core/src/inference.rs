@@ -11,7 +11,9 @@ use tokio::sync::watch;
 #[derive(Clone, Debug, PartialEq)]
 pub enum InferencePolicyState {
     /// No InferencePolicy applies to the parent.
-    NotFound { parent: ResourceRef },
+    NotFound {
+        parent: ResourceRef,
+    },
     /// An InferencePolicy applies but is invalid; it is not served.
     Invalid {
         parent: ResourceRef,
@@ -145,7 +147,9 @@ pub enum ClassifierKind {
     },
     /// A kind this controller knows of but does not serve yet; the tag is sent with no
     /// definition so proxies skip it.
-    Unsupported { kind: String },
+    Unsupported {
+        kind: String,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -77,8 +77,10 @@ pub enum Backend {
 pub trait DiscoverOutboundPolicy {
     /// A receiver that always holds the current policy of `target`; it changes whenever
     /// the index does. Returns `None` only when the target cannot be served at all.
-    fn watch_outbound_policy(&self, target: &ParentTarget)
-    -> Option<watch::Receiver<OutboundPolicy>>;
+    fn watch_outbound_policy(
+        &self,
+        target: &ParentTarget,
+    ) -> Option<watch::Receiver<OutboundPolicy>>;
 
     /// Resolves an address (a Service's cluster IP and port) to the parent it names.
     fn lookup_ip(&self, ip: IpAddr, port: u16) -> Option<ParentTarget>;

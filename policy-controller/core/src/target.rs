@@ -41,7 +41,11 @@ impl fmt::Display for ResourceRef {
         if self.group.is_empty() {
             write!(f, "{}/{}/{}", self.kind, self.namespace, self.name)?;
         } else {
-            write!(f, "{}.{}/{}/{}", self.kind, self.group, self.namespace, self.name)?;
+            write!(
+                f,
+                "{}.{}/{}/{}",
+                self.kind, self.group, self.namespace, self.name
+            )?;
         }
         if let Some(port) = self.port {
             write!(f, ":{port}")?;
@@ -178,7 +182,12 @@ mod tests {
             }
         );
         assert_eq!(t.authority(), "llm.apps.svc.cluster.local:80");
-        assert_eq!(ParentTarget::from_authority("llm.apps.svc:8080").unwrap().port, 8080);
+        assert_eq!(
+            ParentTarget::from_authority("llm.apps.svc:8080")
+                .unwrap()
+                .port,
+            8080
+        );
         assert_eq!(
             ParentTarget::from_authority("llm.apps.svc.cluster.local.:80").unwrap(),
             t
@@ -189,7 +198,9 @@ mod tests {
     fn rejects_non_service_authorities() {
         assert_eq!(
             ParentTarget::from_authority("llm.apps.svc.cluster.local"),
-            Err(AuthorityError::MissingPort("llm.apps.svc.cluster.local".into()))
+            Err(AuthorityError::MissingPort(
+                "llm.apps.svc.cluster.local".into()
+            ))
         );
         assert!(matches!(
             ParentTarget::from_authority("llm.apps.svc.cluster.local:0"),

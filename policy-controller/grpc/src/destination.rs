@@ -127,7 +127,11 @@ pub fn diff_updates(
     if !diff.removed.is_empty() {
         msgs.push(api::Update {
             update: Some(api::update::Update::Remove(api::AddrSet {
-                addrs: diff.removed.iter().map(|a| net::TcpAddress::from(*a)).collect(),
+                addrs: diff
+                    .removed
+                    .iter()
+                    .map(|a| net::TcpAddress::from(*a))
+                    .collect(),
             })),
         });
     }
@@ -170,5 +174,98 @@ pub fn weighted_addr(pool: &PoolRef, ep: &Endpoint) -> api::WeightedAddr {
         weight: DEFAULT_WEIGHT,
         metric_labels: labels,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    fn ep(port: u16) -> Endpoint {
+        Endpoint {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            pod: Some(format!("pod-{port}")),
+            model: Some("glm-5.3".into()),
+            lora_adapters: vec!["sql".into(), "chat".into()],
+            accelerator: Some("nvidia-h200".into()),
+            ready: true,
+        }
+    }
+
+    fn set(ports: &[u16]) -> PoolEndpoints {
+        PoolEndpoints {
+            exists: true,
+            endpoints: ports.iter().map(|p| (ep(*p).addr, ep(*p))).collect(),
+        }
+    }
+
+    fn pool() -> PoolRef {
+        PoolRef::new("default", "glm-5.3")
+    }
+
+    #[test]
+    fn first_update_adds_everything_with_facts_in_labels() {
+        let msgs = diff_updates(&pool(), None, &set(&[8001, 8002]));
+        assert_eq!(msgs.len(), 1);
+        let Some(api::update::Update::Add(add)) = &msgs[0].update else {
+            panic!("expected add, got {msgs:?}");
+        };
+        assert_eq!(add.addrs.len(), 2);
+        assert_eq!(add.metric_labels["inferencepool"], "glm-5.3");
+        assert_eq!(add.metric_labels["namespace"], "default");
+        let a = &add.addrs[0];
+        assert_eq!(a.addr, Some(net::TcpAddress::from(ep(8001).addr)));
+        assert_eq!(a.weight, DEFAULT_WEIGHT);
+        assert_eq!(a.metric_labels["model"], "glm-5.3");
+        assert_eq!(a.metric_labels["pod"], "pod-8001");
+        assert_eq!(a.metric_labels["lora_adapters"], "sql,chat");
+        assert_eq!(a.metric_labels["accelerator"], "nvidia-h200");
+    }
+
+    #[test]
+    fn changes_are_removes_then_adds() {
+        let msgs = diff_updates(&pool(), Some(&set(&[8001, 8002])), &set(&[8002, 8003]));
+        assert_eq!(msgs.len(), 2);
+        let Some(api::update::Update::Remove(rm)) = &msgs[0].update else {
+            panic!("expected remove, got {msgs:?}");
+        };
+        assert_eq!(rm.addrs, vec![net::TcpAddress::from(ep(8001).addr)]);
+        let Some(api::update::Update::Add(add)) = &msgs[1].update else {
+            panic!("expected add, got {msgs:?}");
+        };
+        assert_eq!(add.addrs.len(), 1);
+        assert_eq!(
+            add.addrs[0].addr,
+            Some(net::TcpAddress::from(ep(8003).addr))
+        );
+        assert!(diff_updates(&pool(), Some(&set(&[8001])), &set(&[8001])).is_empty());
+    }
+
+    #[test]
+    fn empty_sets_are_no_endpoints_with_existence() {
+        let none = |exists| api::Update {
+            update: Some(api::update::Update::NoEndpoints(api::NoEndpoints {
+                exists,
+            })),
+        };
+        let empty = PoolEndpoints {
+            exists: true,
+            endpoints: Default::default(),
+        };
+        assert_eq!(diff_updates(&pool(), None, &empty), vec![none(true)]);
+        assert_eq!(
+            diff_updates(&pool(), None, &PoolEndpoints::default()),
+            vec![none(false)]
+        );
+        assert_eq!(
+            diff_updates(&pool(), Some(&set(&[8001])), &empty),
+            vec![none(true)]
+        );
+        assert!(diff_updates(&pool(), Some(&empty), &empty).is_empty());
+        assert_eq!(
+            diff_updates(&pool(), Some(&empty), &PoolEndpoints::default()),
+            vec![none(false)]
+        );
     }
 }

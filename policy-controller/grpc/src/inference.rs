@@ -272,3 +272,159 @@ fn balancer(b: &core::Balancer) -> api::Balancer {
         .into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kinference_policy_core::{
+        PoolRef,
+        inference::{Balancer, ClassifierTag, Model, Price, Prior, Rule, RuleAction, TagMatch},
+    };
+    use std::time::Duration;
+
+    fn parent() -> ResourceRef {
+        ParentTarget {
+            namespace: "default".into(),
+            name: "llm".into(),
+            port: 8000,
+        }
+        .resource()
+    }
+
+    #[test]
+    fn not_found_and_invalid_carry_status_and_no_models() {
+        let p = to_proto(&InferencePolicyState::NotFound { parent: parent() });
+        assert_eq!(
+            p.status.as_ref().unwrap().kind(),
+            api::status::Kind::NotFound
+        );
+        assert_eq!(p.parent.as_ref().unwrap().port, 8000);
+        assert!(p.models.is_empty());
+        let source = ResourceRef::new("policy.kinference.io", "InferencePolicy", "default", "llm");
+        let p = to_proto(&InferencePolicyState::Invalid {
+            parent: parent(),
+            source,
+            message: "spec.models: required".into(),
+        });
+        let status = p.status.as_ref().unwrap();
+        assert_eq!(status.kind(), api::status::Kind::Invalid);
+        assert_eq!(status.message, "spec.models: required");
+        assert_eq!(p.source.as_ref().unwrap().kind, "InferencePolicy");
+        assert!(p.models.is_empty());
+    }
+
+    #[test]
+    fn served_policy_converts_every_field() {
+        let pool = PoolRef::new("default", "qwen-3.6-27b");
+        let policy = core::InferencePolicy {
+            parent: parent(),
+            source: ResourceRef::new("policy.kinference.io", "InferencePolicy", "default", "llm"),
+            classifier_sources: vec![],
+            revision: "abc".into(),
+            models: vec![Model {
+                name: "qwen".into(),
+                served_name: "Qwen/Qwen3.6-27B".into(),
+                pool: pool.clone(),
+                prior: Prior {
+                    prefill_tokens_per_second: 6000.0,
+                    time_per_output_token_s: 0.018,
+                },
+                price: Price {
+                    prompt_per_million_tokens: 0.2,
+                    cached_prompt_per_million_tokens: 0.05,
+                    completion_per_million_tokens: 0.6,
+                    currency: "EUR".into(),
+                },
+            }],
+            aliases: vec![],
+            rules: vec![Rule {
+                name: "low".into(),
+                match_models: vec!["glm".into()],
+                match_tags: vec![TagMatch {
+                    name: "complexity".into(),
+                    values: vec!["low".into()],
+                    min_confidence: 0.5,
+                }],
+                match_workloads: vec![],
+                action: RuleAction {
+                    add_models: vec!["qwen".into()],
+                    restrict_to: vec![],
+                    rewrite_to: None,
+                    service_class: Some("Sheddable".into()),
+                },
+            }],
+            classifiers: vec![core::Classifier {
+                source: ResourceRef::new(
+                    "policy.kinference.io",
+                    "InferenceClassifier",
+                    "default",
+                    "llm",
+                ),
+                tags: vec![
+                    ClassifierTag {
+                        name: "complexity".into(),
+                        kind: ClassifierKind::Complexity {
+                            low_threshold: 0.3,
+                            high_threshold: 0.7,
+                        },
+                    },
+                    ClassifierTag {
+                        name: "future".into(),
+                        kind: ClassifierKind::Unsupported {
+                            kind: "exemplars".into(),
+                        },
+                    },
+                ],
+            }],
+            balancer: Balancer {
+                freshness_budget: Duration::from_millis(250),
+                failure_mode: FailureMode::FailClose,
+                tie_window: Duration::from_millis(2),
+                mode: BalancerMode::Shadow,
+            },
+        };
+        let p = to_proto(&InferencePolicyState::Served(Box::new(policy)));
+        assert_eq!(p.status.as_ref().unwrap().kind(), api::status::Kind::Served);
+        assert_eq!(p.revision, "abc");
+        let m = &p.models[0];
+        assert_eq!(m.served_name, "Qwen/Qwen3.6-27B");
+        let backend = m.backend.as_ref().unwrap();
+        assert_eq!(backend.destination_path, pool.destination_path());
+        assert_eq!(
+            backend.pool.as_ref().unwrap().group,
+            "inference.networking.k8s.io"
+        );
+        assert_eq!(m.prior.as_ref().unwrap().time_per_output_token_s, 0.018);
+        let price = m.price.as_ref().unwrap();
+        assert_eq!(price.cached_prompt_usd_per_million_tokens, 0.05);
+        assert_eq!(price.currency, "EUR");
+        let action = p.rules[0].action.as_ref().unwrap();
+        assert_eq!(action.service_class, "Sheddable");
+        assert_eq!(action.rewrite_to, "");
+        assert_eq!(
+            p.rules[0].r#match.as_ref().unwrap().tags[0].min_confidence,
+            0.5
+        );
+        let tags = &p.classifiers[0].tags;
+        assert!(matches!(
+            tags[0].kind,
+            Some(classifier::tag::Kind::Complexity(classifier::Complexity { low_threshold, high_threshold }))
+                if low_threshold == 0.3 && high_threshold == 0.7
+        ));
+        assert_eq!(tags[1].name, "future");
+        assert_eq!(
+            tags[1].kind, None,
+            "an unsupported kind is sent unset so proxies skip it"
+        );
+        let b = p.balancer.as_ref().unwrap();
+        assert_eq!(
+            b.freshness_budget,
+            Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 250_000_000
+            })
+        );
+        assert_eq!(b.failure_mode(), api::balancer::FailureMode::FailClose);
+        assert_eq!(b.mode(), api::balancer::Mode::Shadow);
+    }
+}

@@ -8,7 +8,9 @@ use crate::{GrpcMetrics, metrics::Tracked, resolve_target};
 use futures::StreamExt;
 use kinference_policy_core::{
     DiscoverOutboundPolicy, OutboundPolicy, ParentTarget, ResourceRef,
-    outbound::{Backend, HeaderMatch, HttpRoute, HttpRouteMatch, HttpRouteRule, PathMatch, WeightedBackend},
+    outbound::{
+        Backend, HeaderMatch, HttpRoute, HttpRouteMatch, HttpRouteRule, PathMatch, WeightedBackend,
+    },
 };
 use linkerd2_proxy_api::{
     http_route as api_route, meta,
@@ -52,8 +54,9 @@ impl<D: DiscoverOutboundPolicy + Send + Sync + 'static> OutboundPolicyServer<D> 
         let (authority, addr) = match &spec.target {
             Some(traffic_spec::Target::Authority(a)) => (Some(a.as_str()), None),
             Some(traffic_spec::Target::Addr(addr)) => {
-                let addr = std::net::SocketAddr::try_from(addr.clone())
-                    .map_err(|e| tonic::Status::invalid_argument(format!("invalid address: {e}")))?;
+                let addr = std::net::SocketAddr::try_from(*addr).map_err(|e| {
+                    tonic::Status::invalid_argument(format!("invalid address: {e}"))
+                })?;
                 (None, Some(addr))
             }
             None => (None, None),
@@ -330,5 +333,156 @@ pub fn backend_to_proto(backend: &Backend) -> api::Backend {
             capacity: QUEUE_CAPACITY,
             failfast_timeout: duration(QUEUE_FAILFAST),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kinference_policy_core::PoolRef;
+
+    fn parent() -> ResourceRef {
+        ParentTarget {
+            namespace: "default".into(),
+            name: "llm".into(),
+            port: 8000,
+        }
+        .resource()
+    }
+
+    fn http1_routes(p: &api::OutboundPolicy) -> &[api::HttpRoute] {
+        match p.protocol.as_ref().and_then(|p| p.kind.as_ref()) {
+            Some(proxy_protocol::Kind::Detect(d)) => &d.http1.as_ref().unwrap().routes,
+            other => panic!("expected detect, got {other:?}"),
+        }
+    }
+
+    fn backend_of(rule: &http_route::Rule) -> Vec<(u32, api::Backend, usize)> {
+        match rule.backends.as_ref().and_then(|b| b.kind.as_ref()) {
+            Some(http_route::distribution::Kind::RandomAvailable(r)) => r
+                .backends
+                .iter()
+                .map(|wb| {
+                    let rb = wb.backend.as_ref().unwrap();
+                    (wb.weight, rb.backend.clone().unwrap(), rb.filters.len())
+                })
+                .collect(),
+            other => panic!("expected random available, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn no_routes_means_a_default_route_to_the_service() {
+        let p = to_proto(&OutboundPolicy {
+            parent: parent(),
+            exists: true,
+            routes: vec![],
+        });
+        assert_eq!(p.metadata, Some(resource_meta(&parent())));
+        let routes = http1_routes(&p);
+        assert_eq!(routes.len(), 1);
+        assert_eq!(
+            routes[0].metadata.as_ref().unwrap().kind,
+            Some(meta::metadata::Kind::Default("http".into()))
+        );
+        let backends = backend_of(&routes[0].rules[0]);
+        let Some(backend::Kind::Balancer(b)) = &backends[0].1.kind else {
+            panic!("expected a balancer");
+        };
+        assert_eq!(
+            b.discovery.as_ref().unwrap().kind,
+            Some(backend::endpoint_discovery::Kind::Dst(
+                backend::endpoint_discovery::DestinationGet {
+                    path: "llm.default.svc.cluster.local:8000".into()
+                }
+            ))
+        );
+    }
+
+    #[test]
+    fn pool_backends_balance_over_the_pool_path_and_invalid_ones_fail() {
+        let pool = PoolRef::new("default", "glm-5.3");
+        let route = HttpRoute {
+            resource: ResourceRef::new("gateway.networking.k8s.io", "HTTPRoute", "default", "llm"),
+            hostnames: vec!["*.example.com".into(), "llm.local".into()],
+            rules: vec![HttpRouteRule {
+                matches: vec![HttpRouteMatch {
+                    path: Some(PathMatch::Prefix("/v1".into())),
+                    headers: vec![HeaderMatch::Exact {
+                        name: "x-tenant".into(),
+                        value: "a".into(),
+                    }],
+                    method: Some("POST".into()),
+                }],
+                backends: vec![
+                    WeightedBackend {
+                        weight: 3,
+                        backend: Backend::Pool(pool.clone()),
+                    },
+                    WeightedBackend {
+                        weight: 1,
+                        backend: Backend::Invalid {
+                            resource: ResourceRef::new("x", "Y", "default", "z"),
+                            message: "nope".into(),
+                        },
+                    },
+                ],
+                request_timeout_ms: Some(1_500),
+            }],
+        };
+        let p = to_proto(&OutboundPolicy {
+            parent: parent(),
+            exists: true,
+            routes: vec![route],
+        });
+        let routes = http1_routes(&p);
+        assert_eq!(
+            routes[0].hosts[0].r#match,
+            Some(api_route::host_match::Match::Suffix(
+                api_route::host_match::Suffix {
+                    reverse_labels: vec!["com".into(), "example".into()]
+                }
+            ))
+        );
+        let rule = &routes[0].rules[0];
+        assert_eq!(
+            rule.timeouts.as_ref().unwrap().request,
+            Some(prost_types::Duration {
+                seconds: 1,
+                nanos: 500_000_000
+            })
+        );
+        let m = &rule.matches[0];
+        assert_eq!(
+            m.path.as_ref().unwrap().kind,
+            Some(api_route::path_match::Kind::Prefix("/v1".into()))
+        );
+        assert_eq!(
+            m.method,
+            Some(linkerd2_proxy_api::http_types::HttpMethod::from(
+                http::Method::POST
+            ))
+        );
+        let backends = backend_of(rule);
+        assert_eq!(backends[0].0, 3);
+        assert_eq!(
+            backends[0].1.metadata,
+            Some(resource_meta(&pool.resource()))
+        );
+        let Some(backend::Kind::Balancer(b)) = &backends[0].1.kind else {
+            panic!("expected a balancer");
+        };
+        assert_eq!(
+            b.discovery.as_ref().unwrap().kind,
+            Some(backend::endpoint_discovery::Kind::Dst(
+                backend::endpoint_discovery::DestinationGet {
+                    path: "glm-5.3.default.inferencepool.kinference.io".into()
+                }
+            ))
+        );
+        assert_eq!(backends[0].2, 0, "a valid backend has no filters");
+        // The invalid backend has no discovery and a failure-injecting filter.
+        assert_eq!(backends[1].1.kind, None);
+        assert_eq!(backends[1].2, 1);
     }
 }

@@ -7,7 +7,8 @@
 
 use criterion::{Criterion, black_box, criterion_group};
 use kinference_classify::{
-    ClassifierDefinition, ClassifierSet, Limits, Prompt, Role, TagDefinition, TagKind, Turn,
+    ClassifierDefinition, ClassifierSet, DetectorKind, Limits, Prompt, Role, TagDefinition,
+    TagKind, Turn,
     definition::{KeywordRule, RegexRule},
 };
 use std::{collections::BTreeMap, time::Instant};
@@ -154,4 +155,27 @@ fn main() {
     percentiles("default_plus_rules_exemplars/4k_token_prompt", || {
         black_box(custom.classify(black_box(Prompt::Chat(&long_chat))));
     });
+    // Each classifier alone on the long prompt (the code and math detectors and complexity share
+    // one scan of the text when they run together, so these do not add up to the set).
+    let alone = |detectors: Vec<DetectorKind>, tags: Vec<TagDefinition>| {
+        ClassifierSet::new(&ClassifierDefinition {
+            detectors,
+            tags,
+            limits: Limits::default(),
+        })
+        .expect("valid")
+    };
+    let mut parts: Vec<(String, ClassifierSet)> = DetectorKind::ALL
+        .iter()
+        .map(|d| (format!("detector {}", d.as_str()), alone(vec![*d], vec![])))
+        .collect();
+    parts.push((
+        "complexity".into(),
+        alone(vec![], ClassifierDefinition::builtin().tags),
+    ));
+    for (name, set) in &parts {
+        percentiles(&format!("alone/{name}/4k_token_prompt"), || {
+            black_box(set.classify(black_box(Prompt::Chat(&long_chat))));
+        });
+    }
 }

@@ -8,7 +8,7 @@
 
 pub mod embed;
 
-use self::embed::{DIMS, Embedding, HashedEmbedding};
+use self::embed::{Embedding, HashedEmbedding};
 use crate::{ClassifierId, input::View, tag::Out};
 use std::collections::BTreeMap;
 
@@ -132,8 +132,6 @@ impl Exemplars {
         }
     }
 }
-
-const _: () = assert!(DIMS == 256);
 
 #[cfg(test)]
 mod tests {

@@ -31,6 +31,10 @@ pub enum RulesError {
     },
     #[error("rule {rule} has weight {weight}; weights must be in (0, 1]")]
     BadWeight { rule: usize, weight: f32 },
+    #[error("the regexes could not be compiled together: {0}")]
+    Regexes(String),
+    #[error("keywords could not be compiled: {0}")]
+    Keywords(String),
     #[error("no keyword or regex rules")]
     NoRules,
     #[error("min confidence {0} is outside [0, 1]")]
@@ -96,11 +100,7 @@ impl Rules {
             let ac = AhoCorasick::builder()
                 .ascii_case_insensitive(!case_sensitive)
                 .build(&patterns)
-                .map_err(|e| RulesError::InvalidRegex {
-                    rule: 0,
-                    pattern: String::new(),
-                    error: e.to_string(),
-                })?;
+                .map_err(|e| RulesError::Keywords(e.to_string()))?;
             automata.push(Automaton { ac, weights });
         }
         let regexes = if regexes.is_empty() {
@@ -124,11 +124,7 @@ impl Rules {
                     weights.push((r.weight, i));
                 }
             }
-            let set = RegexSet::new(&patterns).map_err(|e| RulesError::InvalidRegex {
-                rule: 0,
-                pattern: String::new(),
-                error: e.to_string(),
-            })?;
+            let set = RegexSet::new(&patterns).map_err(|e| RulesError::Regexes(e.to_string()))?;
             Some((set, weights))
         };
         Ok(Self {
@@ -238,7 +234,7 @@ mod tests {
     }
 
     #[test]
-    fn keyword_weights_sum_into_confidence() {
+    fn keyword_weights_combine_into_confidence() {
         let rules = Rules::new(
             "legal",
             "true",
@@ -270,10 +266,18 @@ mod tests {
 
     #[test]
     fn below_min_confidence_sets_nothing() {
-        let rules =
-            Rules::new("legal", "true", &[kw(&["contract"], 0.1, false)], &[], 0.5).unwrap();
+        let contract = [kw(&["contract"], 0.1, false)];
+        let rules = Rules::new("legal", "true", None, &contract, &[], 0.5).unwrap();
         assert!(run(&rules, "a contract", false).tags.is_empty());
         assert!(run(&rules, "nothing here", false).tags.is_empty());
+        // With an `otherwise` value the tag is always set.
+        let rules = Rules::new("legal", "true", Some("false"), &contract, &[], 0.5).unwrap();
+        let out = run(&rules, "a contract", false);
+        assert_eq!(out.tags[0].tag.value, "false");
+        assert!((out.tags[0].tag.confidence - 0.9).abs() < 1e-6);
+        let out = run(&rules, "nothing here", false);
+        let t = &out.tags[0].tag;
+        assert_eq!((t.value.as_str(), t.confidence), ("false", 1.0));
     }
 
     #[test]
@@ -304,6 +308,7 @@ mod tests {
         let err = Rules::new(
             "t",
             "v",
+            None,
             &[],
             &[RegexRule {
                 patterns: vec!["(unclosed".into()],
@@ -320,7 +325,15 @@ mod tests {
         let err = Rules::new("t", "v", None, &[kw(&["x"], 0.0, false)], &[], 0.1).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "rule 0 has weight 0; weights must be finite and > 0"
+            "rule 0 has weight 0; weights must be in (0, 1]"
+        );
+        let err = Rules::new("t", "v", None, &[kw(&["x"], 1.5, false)], &[], 0.1).unwrap_err();
+        assert_eq!(
+            err,
+            RulesError::BadWeight {
+                rule: 0,
+                weight: 1.5
+            }
         );
         assert_eq!(
             Rules::new("t", "v", None, &[], &[], 0.1).unwrap_err(),

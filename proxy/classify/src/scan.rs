@@ -181,9 +181,63 @@ static LEXICON_AC: LazyLock<AhoCorasick> = LazyLock::new(|| {
         .ascii_case_insensitive(true)
         .match_kind(MatchKind::LeftmostLongest)
         .kind(Some(AhoCorasickKind::DFA))
+        .prefilter(false)
         .build(LEXICON.iter().map(|(p, _)| p))
         .expect("the built-in lexicon is valid")
 });
+
+const K_OTHER: u8 = 0;
+const K_DIGIT: u8 = 1;
+const K_LOWER: u8 = 2;
+const K_UPPER: u8 = 3;
+const K_CODE: u8 = 4;
+const K_QUESTION: u8 = 5;
+const K_SENTENCE: u8 = 6;
+const K_DOLLAR: u8 = 7;
+const K_NON_ASCII: u8 = 8;
+// Classes from here on take the slower path.
+const K_OP: u8 = 9;
+const K_EQ: u8 = 10;
+const K_BACKTICK: u8 = 11;
+const CLASSES: usize = 12;
+
+/// The class of every byte.
+static CLASS: [u8; 256] = {
+    let mut t = [K_OTHER; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = match b {
+            b'0'..=b'9' => K_DIGIT,
+            b'a'..=b'z' => K_LOWER,
+            b'A'..=b'Z' => K_UPPER,
+            b'{' | b'}' | b'(' | b')' | b';' | b'[' | b']' | b'<' | b'>' | b'_' => K_CODE,
+            b'+' | b'-' | b'*' | b'/' | b'^' => K_OP,
+            b'=' => K_EQ,
+            b'?' => K_QUESTION,
+            b'.' | b'!' => K_SENTENCE,
+            b'$' => K_DOLLAR,
+            b'`' => K_BACKTICK,
+            // A UTF-8 lead byte: one non-ASCII character.
+            0xC0..=0xFF => K_NON_ASCII,
+            _ => K_OTHER,
+        };
+        c += 1;
+    }
+    t
+};
+
+/// Bytes that belong to words: ASCII letters and digits and any byte of a non-ASCII character.
+static WORD: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = b.is_ascii_alphanumeric() || b >= 0x80;
+        c += 1;
+    }
+    t
+};
 
 /// Counts over the capped last turn.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -225,60 +279,46 @@ impl Scan {
     fn add(&mut self, text: &str) {
         let b = text.as_bytes();
         self.bytes += b.len();
-        // Characters and words.
+        // Characters and words: one table lookup per byte; digits and operators keep a little
+        // state to spot arithmetic such as `3 + 4` or `2x^2`.
+        let mut counts = [0usize; CLASSES];
         let mut in_word = false;
         let mut last_digit_at: Option<usize> = None;
         let mut op_after_digit = false;
         for (i, &c) in b.iter().enumerate() {
-            let alnum = c.is_ascii_alphanumeric() || c >= 0x80;
-            if alnum && !in_word {
-                self.words += 1;
-            }
-            in_word = alnum;
-            match c {
-                b'0'..=b'9' => {
-                    self.digits += 1;
-                    if op_after_digit {
-                        self.arithmetic += 1;
-                        op_after_digit = false;
-                    }
-                    last_digit_at = Some(i);
+            let k = CLASS[c as usize];
+            counts[k as usize] += 1;
+            let word = WORD[c as usize];
+            self.words += usize::from(word & !in_word);
+            in_word = word;
+            if k == K_DIGIT {
+                if op_after_digit {
+                    self.arithmetic += 1;
+                    op_after_digit = false;
                 }
-                b'a'..=b'z' => self.letters += 1,
-                b'A'..=b'Z' => {
-                    self.letters += 1;
-                    self.uppercase += 1;
-                }
-                b'{' | b'}' | b'(' | b')' | b';' | b'[' | b']' | b'<' | b'>' | b'_' => {
-                    self.code_symbols += 1
-                }
-                b'+' | b'-' | b'*' | b'/' | b'^' | b'=' => {
-                    self.math_ops += 1;
-                    if c == b'=' {
-                        self.code_symbols += 1;
-                    }
-                    if last_digit_at.is_some_and(|d| i - d <= 2) {
-                        op_after_digit = true;
-                    }
-                }
-                b'?' => self.question_marks += 1,
-                b'.' | b'!' => self.sentences += 1,
-                b'$' => self.dollars += 1,
-                b'`' => {
+                last_digit_at = Some(i);
+            } else if k >= K_OP {
+                if k == K_BACKTICK {
                     if b.get(i..i + 3) == Some(b"```") && (i == 0 || b[i - 1] != b'`') {
                         self.fences += 1;
                     }
-                }
-                _ => {
-                    if c >= 0x80 && (c & 0xC0) != 0x80 {
-                        self.non_ascii += 1;
-                    }
+                } else if last_digit_at.is_some_and(|d| i - d <= 2) {
+                    op_after_digit = true;
                 }
             }
             if op_after_digit && last_digit_at.is_some_and(|d| i - d > 3) {
                 op_after_digit = false;
             }
         }
+        self.digits += counts[K_DIGIT as usize];
+        self.letters += counts[K_LOWER as usize] + counts[K_UPPER as usize];
+        self.uppercase += counts[K_UPPER as usize];
+        self.code_symbols += counts[K_CODE as usize] + counts[K_EQ as usize];
+        self.math_ops += counts[K_OP as usize] + counts[K_EQ as usize];
+        self.question_marks += counts[K_QUESTION as usize];
+        self.sentences += counts[K_SENTENCE as usize];
+        self.dollars += counts[K_DOLLAR as usize];
+        self.non_ascii += counts[K_NON_ASCII as usize];
         // Lines.
         for line in text.split('\n') {
             self.lines += 1;

@@ -125,16 +125,17 @@ impl ClassifierSet {
                 }
                 TagKind::Rules {
                     value,
+                    otherwise,
                     keywords,
                     regexes,
                     min_confidence,
                 } => {
-                    let r = Rules::new(name, value, keywords, regexes, *min_confidence).map_err(
-                        |error| Error::Rules {
+                    let otherwise = otherwise.as_deref();
+                    let r = Rules::new(name, value, otherwise, keywords, regexes, *min_confidence)
+                        .map_err(|error| Error::Rules {
                             tag: name.to_string(),
                             error,
-                        },
-                    )?;
+                        })?;
                     set.rules.push(r);
                 }
                 TagKind::Exemplars {

@@ -19,8 +19,8 @@ mod policy;
 
 pub use self::backends::{inference_backends, outbound_backends};
 pub use self::backoff::Backoff;
+pub use kinference_proxy_api::inference::InferencePolicy;
 
-use kinference_proxy_api::InferencePolicy;
 use linkerd2_proxy_api::outbound::OutboundPolicy;
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 use tokio::sync::watch;

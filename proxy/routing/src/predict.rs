@@ -60,6 +60,13 @@ pub struct PredictConfig {
     pub rate_min_sample_tokens: u32,
     /// A sample is clamped to within this factor of the current rate.
     pub rate_max_step_factor: f64,
+    /// Output tokens assumed per request before an endpoint has completed any of this proxy's
+    /// requests: sets the prior service time of the capacity-bound wait.
+    pub default_output_tokens: f64,
+    /// Weight of one observed service time (first token to completion) in its running mean.
+    pub service_alpha: f64,
+    /// Weight of the queue cost in the selection cost (0 selects on predicted TTFT alone).
+    pub queue_cost_weight: f64,
 }
 
 impl Default for PredictConfig {
@@ -74,6 +81,9 @@ impl Default for PredictConfig {
             rate_alpha: 0.2,
             rate_min_sample_tokens: 64,
             rate_max_step_factor: 10.0,
+            default_output_tokens: 256.0,
+            service_alpha: 0.2,
+            queue_cost_weight: 1.0,
         }
     }
 }
@@ -128,6 +138,42 @@ impl PrefillRate {
     }
 }
 
+/// How long one of this proxy's requests stays on an endpoint after its first token (decoding, and
+/// so holding KV blocks), learned online from completions. With the reported running batch it gives
+/// the endpoint's completion rate, which paces a KV-capacity-bound queue.
+#[derive(Copy, Clone, Debug, Default, PartialEq)]
+pub struct ServiceTime {
+    mean_s: f64,
+    samples: u64,
+}
+
+impl ServiceTime {
+    /// The learned mean, in seconds, once anything has been observed.
+    pub fn mean_s(&self) -> Option<f64> {
+        (self.samples > 0).then_some(self.mean_s)
+    }
+
+    /// Samples learned from so far.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Learns from one request that decoded for `decode_s` seconds (first token to completion).
+    /// The first sample is taken as is; later ones move the mean by `service_alpha`.
+    pub fn observe(&mut self, decode_s: f64, config: &PredictConfig) -> bool {
+        if !decode_s.is_finite() || decode_s <= 0.0 {
+            return false;
+        }
+        self.mean_s = if self.samples == 0 {
+            decode_s
+        } else {
+            self.mean_s + config.service_alpha * (decode_s - self.mean_s)
+        };
+        self.samples += 1;
+        true
+    }
+}
+
 /// One reported signal as the predictor saw it.
 #[derive(Copy, Clone, Debug, PartialEq, serde::Serialize)]
 pub struct SignalInput {
@@ -158,6 +204,9 @@ pub struct EndpointView<'a> {
     pub correction: f64,
     /// Mean prompt tokens of requests this proxy has seen (stands in for other clients' requests).
     pub mean_prompt_tokens: f64,
+    /// The endpoint's learned service time (first token to completion), if any completion has been
+    /// observed; otherwise the prior `default_output_tokens × decode step` is used.
+    pub mean_service_s: Option<f64>,
 }
 
 /// A prediction and every input it was made from.
@@ -180,6 +229,20 @@ pub struct Prediction {
     pub queued_prefill_tokens: f64,
     pub running_seqs: u32,
     pub prefill_tokens_per_second: f64,
+    /// `queued_prefill_tokens / rate`: the wait if the endpoint were prefill-bound.
+    pub prefill_wait_s: f64,
+    /// KV tokens free at the endpoint (`(1 − usage) × capacity`), when usage and capacity are known.
+    pub kv_free_tokens: Option<f64>,
+    /// Running requests that must complete before this one's prompt fits in the KV cache.
+    pub completions_ahead: u32,
+    /// Seconds one running request stays after its first token (learned, or the prior).
+    pub service_s: f64,
+    /// `completions_ahead × service_s / running_seqs`: the wait if the endpoint is KV-bound.
+    pub capacity_wait_s: f64,
+    /// Whether the capacity-bound wait was the larger (then the KV factor is 1: the shortage is
+    /// modelled by the wait itself).
+    pub capacity_bound: bool,
+    /// `max(prefill_wait_s, capacity_wait_s)`.
     pub wait_s: f64,
     pub prefill_s: f64,
     pub decode_interference_s: f64,
@@ -189,6 +252,20 @@ pub struct Prediction {
     pub raw_ttft_s: f64,
     pub correction: f64,
     pub predicted_ttft_s: f64,
+    /// Requests queued at the endpoint that this one joins (reported others and own awaiting a
+    /// first token): in a steady queue, about as many will queue behind it.
+    pub queue_depth_requests: u32,
+    /// Requests expected to wait behind this one: the queue depth, or the running batch when the
+    /// prompt does not fit in the free KV blocks.
+    pub requests_behind: u32,
+    /// The delay this request's own work adds to each request behind it, in seconds: its prefill
+    /// (prefill-bound) or its share of the completions that free KV (capacity-bound).
+    pub marginal_delay_s: f64,
+    /// `queue_cost_weight × marginal_delay_s × requests_behind`: what sending it here costs
+    /// the requests queued behind it.
+    pub queue_cost_s: f64,
+    /// `predicted_ttft_s + queue_cost_s`: what the selection minimises.
+    pub selection_cost_s: f64,
     /// Whether the endpoint's scraped queue (`num_requests_waiting`) was within the freshness budget.
     pub signals_fresh: bool,
 }
@@ -239,7 +316,7 @@ pub fn predict(
     };
 
     let rate = view.prefill_tokens_per_second.max(1.0);
-    let wait_s = queued_prefill_tokens / rate;
+    let prefill_wait_s = queued_prefill_tokens / rate;
     let prefill_s = f64::from(uncached_tokens) / rate;
     let decode_interference_s = if running_seqs > 0 {
         let budget_tokens = f64::from(view.prior.max_num_batched_tokens.max(1));
@@ -254,19 +331,83 @@ pub fn predict(
     };
 
     let kv_cache_usage = s.kv_cache_usage.map(|o| SignalInput::of(&o, now, budget));
-    let kv_pressure_factor = match kv_cache_usage {
-        Some(u) if u.used && u.value > config.kv_pressure_threshold => {
+    let usage = kv_cache_usage.filter(|u| u.used).map(|u| u.value);
+
+    // Capacity-bound wait: the prompts queued ahead and this one must fit in the free KV blocks;
+    // each completion frees a running request's blocks, and completions come at
+    // `running / service_s` per second.
+    let service_s = view.mean_service_s.unwrap_or_else(|| {
+        config.default_output_tokens.max(0.0)
+            * (view.prior.time_per_output_token_s
+                + f64::from(running_seqs) * view.prior.decode_step_per_seq_s)
+    });
+    let capacity_tokens = s
+        .cache_config
+        .map(|o| o.value.capacity_tokens() as f64)
+        .filter(|c| *c > 0.0);
+    let mut kv_free_tokens = None;
+    let mut completions_ahead = 0u32;
+    let mut capacity_wait_s = 0.0;
+    let mut tokens_per_running = 0.0;
+    if let (Some(u), Some(cap)) = (usage, capacity_tokens) {
+        let free = (1.0 - u) * cap;
+        kv_free_tokens = Some(free);
+        if running_seqs > 0 && u > 0.0 && service_s > 0.0 {
+            tokens_per_running = u * cap / f64::from(running_seqs);
+            let shortfall = queued_prefill_tokens + f64::from(uncached_tokens) - free;
+            if shortfall > 0.0 {
+                let n = (shortfall / tokens_per_running).ceil();
+                completions_ahead = if n >= f64::from(u32::MAX) {
+                    u32::MAX
+                } else {
+                    n as u32
+                };
+                capacity_wait_s = n * service_s / f64::from(running_seqs);
+            }
+        }
+    }
+    let capacity_bound = capacity_wait_s > prefill_wait_s;
+    let wait_s = prefill_wait_s.max(capacity_wait_s);
+
+    let kv_pressure_factor = match usage {
+        Some(u) if !capacity_bound && u > config.kv_pressure_threshold => {
             let span = (1.0 - config.kv_pressure_threshold).max(f64::EPSILON);
-            1.0 + config.kv_pressure_gain * ((u.value - config.kv_pressure_threshold) / span)
+            1.0 + config.kv_pressure_gain * ((u - config.kv_pressure_threshold) / span)
         }
         _ => 1.0,
     };
 
     let overhead_s = view.prior.overhead_s;
-    let raw_ttft_s = (wait_s + prefill_s + decode_interference_s) * kv_pressure_factor + overhead_s;
+    let raw_ttft_s = wait_s + (prefill_s + decode_interference_s) * kv_pressure_factor + overhead_s;
     let correction = view
         .correction
         .clamp(config.correction_min, config.correction_max);
+    let predicted_ttft_s = raw_ttft_s * correction;
+
+    // What this request costs the ones that will queue behind it. In a steady queue about as many
+    // will queue behind it as are ahead of it now. When its prompt does not fit in the free KV
+    // blocks, every request admitted while it holds its blocks (about as many as are running, by
+    // Little's law) waits for them too.
+    let queue_depth_requests = other_waiting_requests.saturating_add(own.awaiting_first_token());
+    let kv_bound = completions_ahead > 0;
+    let requests_behind = if kv_bound {
+        queue_depth_requests.max(running_seqs)
+    } else {
+        queue_depth_requests
+    };
+    let completion_share_s = if tokens_per_running > 0.0 && running_seqs > 0 {
+        f64::from(uncached_tokens) / tokens_per_running * service_s / f64::from(running_seqs)
+    } else {
+        0.0
+    };
+    let marginal_delay_s = if kv_bound {
+        completion_share_s.max(prefill_s)
+    } else {
+        prefill_s * kv_pressure_factor
+    };
+    let queue_cost_s =
+        config.queue_cost_weight.max(0.0) * marginal_delay_s * f64::from(requests_behind);
+
     Prediction {
         prompt_tokens,
         cached_tokens,
@@ -283,6 +424,12 @@ pub fn predict(
         queued_prefill_tokens,
         running_seqs,
         prefill_tokens_per_second: rate,
+        prefill_wait_s,
+        kv_free_tokens,
+        completions_ahead,
+        service_s,
+        capacity_wait_s,
+        capacity_bound,
         wait_s,
         prefill_s,
         decode_interference_s,
@@ -290,7 +437,12 @@ pub fn predict(
         overhead_s,
         raw_ttft_s,
         correction,
-        predicted_ttft_s: raw_ttft_s * correction,
+        predicted_ttft_s,
+        queue_depth_requests,
+        requests_behind,
+        marginal_delay_s,
+        queue_cost_s,
+        selection_cost_s: predicted_ttft_s + queue_cost_s,
         signals_fresh: s
             .num_requests_waiting
             .is_some_and(|o| o.is_fresh(now, budget)),
@@ -323,6 +475,7 @@ mod tests {
                 predicted_non_prefill_s: 0.0,
                 kv_pressure_factor: 1.0,
                 predicted_raw_ttft_s: 0.1,
+                teaches_rate: true,
             });
         }
         let signals = Signals {
@@ -346,6 +499,7 @@ mod tests {
             prefill_tokens_per_second: 10_000.0,
             correction: 1.2,
             mean_prompt_tokens: 2_000.0,
+            mean_service_s: None,
         };
         let p = predict(
             &view,
@@ -381,6 +535,7 @@ mod tests {
             prefill_tokens_per_second: 10_000.0,
             correction: 1.0,
             mean_prompt_tokens: 2_000.0,
+            mean_service_s: None,
         };
         // 600 ms after the scrape, beyond the 500 ms budget.
         let p = predict(
@@ -412,6 +567,7 @@ mod tests {
             prefill_tokens_per_second: 10_000.0,
             correction: 100.0,
             mean_prompt_tokens: 0.0,
+            mean_service_s: None,
         };
         let p = predict(
             &view,

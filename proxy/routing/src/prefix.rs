@@ -40,6 +40,10 @@ pub enum PrefixSource {
     Approximate,
     /// The endpoint's KV events.
     Precise,
+    /// A prompt this proxy sent to the endpoint that has not had its first token yet: the
+    /// endpoint computes (and caches) its prefix before it reaches this request, so a request
+    /// queued behind it shares that prefix even though no KV event has reported it.
+    Pending,
 }
 
 /// A hasher for maps keyed by block hashes, which are already uniformly distributed: it passes the

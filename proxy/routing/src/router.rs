@@ -12,7 +12,7 @@ use crate::{
     ewma::{DEFAULT_TAU, PeakEwma},
     fallback::{P2cInputs, power_of_two},
     inflight::{InFlight, InFlightRequest},
-    predict::{EndpointView, ModelPrior, PredictConfig, PrefillRate, predict},
+    predict::{EndpointView, ModelPrior, PredictConfig, PrefillRate, ServiceTime, predict},
     prefix::{
         ApproxConfig, ApproxIndex, BlockHash, BlockHasher, KvEvent, PreciseIndex, PrefixSource,
         PromptBlocks,
@@ -21,7 +21,7 @@ use crate::{
     time::Time,
 };
 use rand::Rng;
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 /// Settings of the router (the balancer settings the controller serves, with defaults).
 #[derive(Copy, Clone, Debug, PartialEq)]
@@ -110,11 +110,38 @@ struct EndpointState {
     signals: Signals,
     inflight: InFlight,
     rate: PrefillRate,
+    /// How long own requests decode here (first token to completion).
+    service: ServiceTime,
     /// Peak-EWMA of observed / predicted (uncorrected) TTFT, resting at 1.
     correction: PeakEwma,
     /// Peak-EWMA of observed TTFT in seconds, resting at 0 (the fallback's latency).
     latency: PeakEwma,
     precise: Option<PreciseIndex>,
+    /// The chunk hashes of own requests sent here that have not had their first token yet.
+    pending_prompts: Vec<(u64, Arc<[BlockHash]>)>,
+}
+
+impl EndpointState {
+    /// Leading prompt tokens shared with a prompt this proxy sent here that is still waiting for
+    /// its first token (whose prefix the endpoint will have computed before it gets to `prompt`).
+    fn pending_tokens(&self, prompt: &PromptBlocks) -> u64 {
+        let hashes = prompt.hashes();
+        let Some(first) = hashes.first() else {
+            return 0;
+        };
+        let blocks = self
+            .pending_prompts
+            .iter()
+            .filter(|(_, p)| p.first() == Some(first))
+            .map(|(_, p)| p.iter().zip(hashes).take_while(|(a, b)| a == b).count())
+            .max()
+            .unwrap_or(0);
+        blocks as u64 * u64::from(prompt.block_size_tokens())
+    }
+
+    fn forget_pending(&mut self, request_id: u64) {
+        self.pending_prompts.retain(|(id, _)| *id != request_id);
+    }
 }
 
 #[derive(Debug, Default)]
@@ -210,9 +237,11 @@ impl Router {
             signals: Signals::default(),
             inflight: InFlight::default(),
             rate: PrefillRate::new(&prior),
+            service: ServiceTime::default(),
             correction: PeakEwma::new(1.0, 1.0, self.config.predict.correction_tau, now),
             latency: PeakEwma::new(0.0, 0.0, self.config.latency_tau, now),
             precise: None,
+            pending_prompts: Vec::new(),
         });
     }
 
@@ -346,7 +375,13 @@ impl Router {
                     }
                     _ => None,
                 };
-                let cached = precise.unwrap_or((matches.tokens(slot), PrefixSource::Approximate));
+                let indexed = precise.unwrap_or((matches.tokens(slot), PrefixSource::Approximate));
+                let pending = st.pending_tokens(request.prompt_blocks);
+                let cached = if pending > indexed.0 {
+                    (pending, PrefixSource::Pending)
+                } else {
+                    indexed
+                };
                 let view = EndpointView {
                     signals: &st.signals,
                     inflight: &st.inflight,
@@ -354,6 +389,7 @@ impl Router {
                     prefill_tokens_per_second: st.rate.tokens_per_second(),
                     correction: st.correction.value_at(now),
                     mean_prompt_tokens: self.mean_prompt_tokens,
+                    mean_service_s: st.service.mean_s(),
                 };
                 candidates.push(Candidate {
                     endpoint: st.meta.id.clone(),
@@ -394,7 +430,7 @@ impl Router {
             let preds: Vec<f64> = decision
                 .candidates
                 .iter()
-                .map(|c| c.prediction.predicted_ttft_s)
+                .map(|c| c.prediction.selection_cost_s)
                 .collect();
             if let Some(pick) = lowest_within_tie_window(&preds, cfg.tie_window, rng) {
                 decision.chosen = Some(pick.index);
@@ -473,7 +509,12 @@ impl Router {
             predicted_non_prefill_s: p.raw_ttft_s - p.prefill_s * p.kv_pressure_factor,
             kv_pressure_factor: p.kv_pressure_factor,
             predicted_raw_ttft_s: p.raw_ttft_s,
+            teaches_rate: p.wait_s == 0.0,
         });
+        if p.uncached_tokens > 0 && !prompt.hashes().is_empty() {
+            st.pending_prompts
+                .push((request_id, Arc::from(prompt.hashes())));
+        }
         self.approx.record(c.slot, prompt);
         let alpha = self.config.mean_prompt_alpha;
         self.mean_prompt_tokens += alpha * (f64::from(p.prompt_tokens) - self.mean_prompt_tokens);
@@ -497,14 +538,17 @@ impl Router {
             .inflight
             .first_token(handle.request_id, at)
             .ok_or(RouterError::UnknownRequest)?;
+        st.forget_pending(handle.request_id);
         let ttft_s = ft.ttft.as_secs_f64();
         let r = ft.request;
         let kv = r.kv_pressure_factor.max(1.0);
-        st.rate.observe(
-            r.uncached_tokens,
-            (ttft_s - r.predicted_non_prefill_s) / kv,
-            &cfg,
-        );
+        if r.teaches_rate {
+            st.rate.observe(
+                r.uncached_tokens,
+                (ttft_s - r.predicted_non_prefill_s) / kv,
+                &cfg,
+            );
+        }
         if r.predicted_raw_ttft_s > 0.0 {
             let ratio =
                 (ttft_s / r.predicted_raw_ttft_s).clamp(cfg.correction_min, cfg.correction_max);
@@ -514,13 +558,39 @@ impl Router {
         Ok(ft.ttft)
     }
 
-    /// Records that a dispatched request finished (or failed, or was cancelled).
+    /// Records that a dispatched request finished (or failed, or was cancelled). Learns nothing
+    /// from it; prefer [`Router::complete_at`], which also learns the endpoint's service time.
     pub fn complete(&mut self, handle: DispatchHandle) -> Result<(), RouterError> {
         let st = self.handle_state(handle)?;
+        st.forget_pending(handle.request_id);
         st.inflight
             .complete(handle.request_id)
             .map(|_| ())
             .ok_or(RouterError::UnknownRequest)
+    }
+
+    /// Records that a dispatched request finished at `at`. A request that had its first token
+    /// teaches the endpoint's service time (first token to completion), which paces the
+    /// capacity-bound wait; one that failed before its first token teaches nothing.
+    pub fn complete_at(&mut self, handle: DispatchHandle, at: Time) -> Result<(), RouterError> {
+        let cfg = self.config.predict;
+        let st = self.handle_state(handle)?;
+        st.forget_pending(handle.request_id);
+        let r = st
+            .inflight
+            .complete(handle.request_id)
+            .ok_or(RouterError::UnknownRequest)?;
+        if let Some(first) = r.first_token_at {
+            st.service
+                .observe(at.saturating_since(first).as_secs_f64(), &cfg);
+        }
+        Ok(())
+    }
+
+    /// The endpoint's learned service time (first token to completion), in seconds, once any of
+    /// this proxy's requests has completed there.
+    pub fn service_s(&self, id: &EndpointId) -> Option<f64> {
+        self.state(id).and_then(|st| st.service.mean_s())
     }
 
     /// The endpoint's learned prefill rate, in tokens per second.

@@ -150,11 +150,7 @@ fn slice_endpoints(
             a => a,
         };
         // A nil `ready` condition means ready, as Kubernetes defines it.
-        let ready = ep
-            .conditions
-            .as_ref()
-            .and_then(|c| c.ready)
-            .unwrap_or(true);
+        let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
         for addr in &ep.addresses {
             let Ok(ip) = addr.parse::<IpAddr>() else {
                 continue;

@@ -41,6 +41,27 @@ pub(crate) struct Store {
     pub classifiers: BTreeMap<NsName, InferenceClassifier>,
     /// The routes whose parentRefs name each Service.
     pub routes_by_parent: HashMap<NsName, BTreeSet<NsName>>,
+    /// The InferencePolicies by what their targetRef names.
+    pub policies_by_target: HashMap<PolicyTarget, BTreeSet<NsName>>,
+}
+
+/// What an InferencePolicy's targetRef names: `(namespace, group, kind, name)`, with the
+/// core group spelled `""`.
+pub(crate) type PolicyTarget = (String, String, String, String);
+
+pub(crate) fn policy_target(namespace: &str, policy: &InferencePolicy) -> PolicyTarget {
+    let t = &policy.spec.target_ref;
+    let group = if t.group == "core" {
+        ""
+    } else {
+        t.group.as_str()
+    };
+    (
+        namespace.to_string(),
+        group.to_string(),
+        t.kind.clone(),
+        t.name.clone(),
+    )
 }
 
 /// Counts for the controller's metrics.
@@ -72,8 +93,54 @@ pub struct SharedIndex(Arc<RwLock<Index>>);
 struct Affected {
     outbound_all: bool,
     inference_all: bool,
+    /// Services whose outbound and inference policies may change.
     parents: BTreeSet<NsName>,
+    /// Services whose inference policy (only) may change.
+    inference_parents: BTreeSet<NsName>,
     pool_namespaces: BTreeSet<String>,
+}
+
+impl Store {
+    fn index_policy(&mut self, id: &NsName, policy: &InferencePolicy, affected: &mut Affected) {
+        let target = policy_target(&id.0, policy);
+        self.affect_policy_target(&target, affected);
+        self.policies_by_target
+            .entry(target)
+            .or_default()
+            .insert(id.clone());
+    }
+
+    fn unindex_policy(&mut self, id: &NsName, policy: &InferencePolicy, affected: &mut Affected) {
+        let target = policy_target(&id.0, policy);
+        self.affect_policy_target(&target, affected);
+        if let Some(set) = self.policies_by_target.get_mut(&target) {
+            set.remove(id);
+            if set.is_empty() {
+                self.policies_by_target.remove(&target);
+            }
+        }
+    }
+
+    /// Marks the parents whose inference policy a policy with this target may decide.
+    fn affect_policy_target(&self, target: &PolicyTarget, affected: &mut Affected) {
+        let (ns, group, kind, name) = target;
+        match (group.as_str(), kind.as_str()) {
+            ("", "Service") => {
+                affected
+                    .inference_parents
+                    .insert((ns.clone(), name.clone()));
+            }
+            ("gateway.networking.k8s.io", "HTTPRoute") => {
+                if let Some(route) = self.routes.get(&(ns.clone(), name.clone())) {
+                    affected
+                        .inference_parents
+                        .extend(outbound::route_parents(route));
+                }
+            }
+            // Pools are reached through any route's backends: recompute every parent.
+            _ => affected.inference_all = true,
+        }
+    }
 }
 
 impl Index {
@@ -126,7 +193,10 @@ impl Index {
                 s.pods.insert(id, *r);
             }
             Resource::InferencePolicy(r) => {
-                affected.inference_all = true;
+                if let Some(old) = s.policies.remove(&id) {
+                    s.unindex_policy(&id, &old, &mut affected);
+                }
+                s.index_policy(&id, &r, &mut affected);
                 s.policies.insert(id, *r);
             }
             Resource::InferenceClassifier(r) => {
@@ -176,10 +246,13 @@ impl Index {
                 affected.pool_namespaces.insert(key.namespace.clone());
                 s.pods.remove(&id).is_some()
             }
-            ResourceKind::InferencePolicy => {
-                affected.inference_all = true;
-                s.policies.remove(&id).is_some()
-            }
+            ResourceKind::InferencePolicy => match s.policies.remove(&id) {
+                Some(old) => {
+                    s.unindex_policy(&id, &old, &mut affected);
+                    true
+                }
+                None => false,
+            },
             ResourceKind::InferenceClassifier => {
                 affected.inference_all = true;
                 s.classifiers.remove(&id).is_some()
@@ -270,7 +343,9 @@ impl Index {
                 return false;
             }
             let key = (target.namespace.clone(), target.name.clone());
-            if affected.inference_all || affected.parents.contains(&key)
+            if affected.inference_all
+                || affected.parents.contains(&key)
+                || affected.inference_parents.contains(&key)
             {
                 let (next, error) = inference::policy(store, target);
                 record_error(policy_errors, &next, error);

@@ -93,51 +93,67 @@ pub(crate) fn policy(
 
 /// The policy that applies to `target`, by the precedence in the module docs.
 fn select<'s>(store: &'s Store, target: &ParentTarget) -> Option<(&'s NsName, &'s PolicyResource)> {
+    let by = |ns: &str, group: &str, kind: &str, name: &str| {
+        let key = (
+            ns.to_string(),
+            group.to_string(),
+            kind.to_string(),
+            name.to_string(),
+        );
+        store
+            .policies_by_target
+            .get(&key)
+            .and_then(|ids| ids.iter().next())
+            .and_then(|id| store.policies.get_key_value(id))
+    };
+    if let Some(found) = by(&target.namespace, "", "Service", &target.name) {
+        return Some(found);
+    }
     let routes = attached_routes(store, target);
-    let pools: Vec<(String, String)> = routes
-        .iter()
-        .flat_map(|(id, r)| {
-            r.spec
-                .rules
-                .iter()
-                .flatten()
-                .flat_map(|rule| rule.backend_refs.iter().flatten())
-                .filter(|b| {
-                    b.group.as_deref() == Some(kinference_api::pool::GROUP)
-                        && b.kind.as_deref() == Some(kinference_api::pool::KIND)
-                })
-                .map(|b| (b.namespace.clone().unwrap_or_else(|| id.0.clone()), b.name.clone()))
-        })
-        .collect();
-    store
-        .policies
-        .iter()
-        .filter_map(|(id, p)| {
-            let t = &p.spec.target_ref;
-            let group = t.group.as_str();
-            let rank = if matches!(group, "" | "core")
-                && t.kind == "Service"
-                && id.0 == target.namespace
-                && t.name == target.name
-            {
-                0
-            } else if group == "gateway.networking.k8s.io"
-                && t.kind == "HTTPRoute"
-                && routes.iter().any(|(r, _)| r.0 == id.0 && r.1 == t.name)
-            {
-                1
-            } else if group == kinference_api::pool::GROUP
-                && t.kind == kinference_api::pool::KIND
-                && pools.iter().any(|(ns, name)| *ns == id.0 && *name == t.name)
-            {
-                2
-            } else {
-                return None;
-            };
-            Some((rank, id, p))
-        })
-        .min_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)))
-        .map(|(_, id, p)| (id, p))
+    type Found<'s> = Option<(&'s NsName, &'s PolicyResource)>;
+    // Ties within a rank go to the first policy by namespace and name.
+    fn consider<'s>(best: &mut Found<'s>, found: Found<'s>) {
+        if let Some(found) = found
+            && best.is_none_or(|b| found.0 < b.0)
+        {
+            *best = Some(found);
+        }
+    }
+    let mut best = None;
+    for (id, _) in &routes {
+        consider(
+            &mut best,
+            by(&id.0, "gateway.networking.k8s.io", "HTTPRoute", &id.1),
+        );
+    }
+    if best.is_some() {
+        return best;
+    }
+    for (id, route) in &routes {
+        let pools = route
+            .spec
+            .rules
+            .iter()
+            .flatten()
+            .flat_map(|rule| rule.backend_refs.iter().flatten())
+            .filter(|b| {
+                b.group.as_deref() == Some(kinference_api::pool::GROUP)
+                    && b.kind.as_deref() == Some(kinference_api::pool::KIND)
+            });
+        for b in pools {
+            let ns = b.namespace.as_deref().unwrap_or(&id.0);
+            consider(
+                &mut best,
+                by(
+                    ns,
+                    kinference_api::pool::GROUP,
+                    kinference_api::pool::KIND,
+                    &b.name,
+                ),
+            );
+        }
+    }
+    best
 }
 
 fn revision(policy: &PolicyResource, classifier: Option<&InferenceClassifier>) -> String {
@@ -147,7 +163,9 @@ fn revision(policy: &PolicyResource, classifier: Option<&InferenceClassifier>) -
         .hash(&mut h);
     if let Some(c) = classifier {
         c.metadata.name.hash(&mut h);
-        serde_json::to_string(&c.spec).unwrap_or_default().hash(&mut h);
+        serde_json::to_string(&c.spec)
+            .unwrap_or_default()
+            .hash(&mut h);
     }
     format!("{:016x}", h.finish())
 }

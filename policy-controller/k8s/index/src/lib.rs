@@ -7,14 +7,14 @@
 //! tested here without a cluster or a socket.
 
 mod endpoints;
+pub mod index;
 mod inference;
 mod outbound;
-pub mod index;
 pub mod resource;
 
 pub use self::{
     index::{Index, IndexSizes, SharedIndex},
-    resource::{Resource, ResourceKind, ResourceKey},
+    resource::{Resource, ResourceKey, ResourceKind},
 };
 
 /// Labels on pods (or EndpointSlices) that carry an endpoint's static facts.

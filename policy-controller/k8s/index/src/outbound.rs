@@ -12,8 +12,7 @@ use gateway_api::apis::standard::httproutes::{
 use kinference_policy_core::{
     OutboundPolicy, ParentTarget, PoolRef, ResourceRef,
     outbound::{
-        Backend, HeaderMatch, HttpRoute, HttpRouteMatch, HttpRouteRule, PathMatch,
-        WeightedBackend,
+        Backend, HeaderMatch, HttpRoute, HttpRouteMatch, HttpRouteRule, PathMatch, WeightedBackend,
     },
 };
 use std::net::IpAddr;
@@ -33,7 +32,12 @@ pub(crate) fn route_parents(route: &HTTPRoute) -> Vec<NsName> {
         .iter()
         .flatten()
         .filter(|p| is_core(p.group.as_deref()) && p.kind.as_deref() == Some("Service"))
-        .map(|p| (p.namespace.clone().unwrap_or_else(|| ns.clone()), p.name.clone()))
+        .map(|p| {
+            (
+                p.namespace.clone().unwrap_or_else(|| ns.clone()),
+                p.name.clone(),
+            )
+        })
         .collect()
 }
 

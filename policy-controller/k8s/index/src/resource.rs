@@ -5,7 +5,10 @@
 //! the Kubernetes API).
 
 use gateway_api::apis::standard::httproutes::HttpRoute as HTTPRoute;
-use k8s_openapi::api::{core::v1::{Pod, Service}, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::{Pod, Service},
+    discovery::v1::EndpointSlice,
+};
 use kinference_api::{InferenceClassifier, InferencePolicy, InferencePool};
 use std::fmt;
 
@@ -117,9 +120,7 @@ impl Resource {
         let mut res = match (group, kind) {
             ("", "Service") => Self::Service(de("Service", doc)?),
             ("", "Pod") => Self::Pod(de("Pod", doc)?),
-            ("discovery.k8s.io", "EndpointSlice") => {
-                Self::EndpointSlice(de("EndpointSlice", doc)?)
-            }
+            ("discovery.k8s.io", "EndpointSlice") => Self::EndpointSlice(de("EndpointSlice", doc)?),
             ("gateway.networking.k8s.io", "HTTPRoute") => Self::HttpRoute(de("HTTPRoute", doc)?),
             (kinference_api::pool::GROUP, "InferencePool") => {
                 Self::InferencePool(de("InferencePool", doc)?)

@@ -16,7 +16,9 @@ fn apply_yaml(index: &mut Index, yaml: &str) {
         if value.is_null() {
             continue;
         }
-        let res = Resource::from_yaml(value, NS).expect("valid").expect("known kind");
+        let res = Resource::from_yaml(value, NS)
+            .expect("valid")
+            .expect("known kind");
         index.apply(res);
     }
 }
@@ -158,7 +160,16 @@ fn scenario() -> SharedIndex {
         apply_yaml(&mut i, SERVICE);
         apply_yaml(&mut i, ROUTE);
         apply_yaml(&mut i, POOLS);
-        apply_yaml(&mut i, &slice("glm-0", "glm-5.3", 8001, true, ", kinference.io/accelerator: nvidia-h200, kinference.io/lora-adapters: 'sql, chat'"));
+        apply_yaml(
+            &mut i,
+            &slice(
+                "glm-0",
+                "glm-5.3",
+                8001,
+                true,
+                ", kinference.io/accelerator: nvidia-h200, kinference.io/lora-adapters: 'sql, chat'",
+            ),
+        );
         apply_yaml(&mut i, &slice("glm-1", "glm-5.3", 8002, true, ""));
         apply_yaml(&mut i, &slice("qwen-0", "qwen-3.6-27b", 8003, true, ""));
         apply_yaml(&mut i, CLASSIFIER);
@@ -191,12 +202,22 @@ fn route_backends_resolve_to_pools() {
         }]
     );
     assert_eq!(rule.matches[0].method.as_deref(), Some("POST"));
-    let backends: Vec<_> = rule.backends.iter().map(|b| (b.weight, &b.backend)).collect();
-    assert_eq!(backends[0], (3, &Backend::Pool(PoolRef::new(NS, "glm-5.3"))));
+    let backends: Vec<_> = rule
+        .backends
+        .iter()
+        .map(|b| (b.weight, &b.backend))
+        .collect();
+    assert_eq!(
+        backends[0],
+        (3, &Backend::Pool(PoolRef::new(NS, "glm-5.3")))
+    );
     assert!(
         matches!(backends[1], (1, Backend::Invalid { message, .. }) if message == "InferencePool default/missing not found")
     );
-    assert_eq!(backends[2], (1, &Backend::Service(target("fallback", 8080))));
+    assert_eq!(
+        backends[2],
+        (1, &Backend::Service(target("fallback", 8080)))
+    );
 }
 
 #[test]
@@ -241,15 +262,23 @@ fn pool_endpoints_come_from_matching_slices_on_target_ports() {
             ready: true,
         }
     );
-    let qwen = index.read().pool_endpoints(&PoolRef::new(NS, "qwen-3.6-27b"));
-    assert_eq!(qwen.endpoints.keys().copied().collect::<Vec<_>>(), vec![addr(8003)]);
+    let qwen = index
+        .read()
+        .pool_endpoints(&PoolRef::new(NS, "qwen-3.6-27b"));
+    assert_eq!(
+        qwen.endpoints.keys().copied().collect::<Vec<_>>(),
+        vec![addr(8003)]
+    );
 }
 
 #[test]
 fn slice_ports_outside_target_ports_are_ignored() {
     let index = scenario();
     // Labelled for glm-5.3 but serving on a port the pool does not target.
-    apply_yaml(&mut index.write(), &slice("glm-2", "glm-5.3", 9999, true, ""));
+    apply_yaml(
+        &mut index.write(),
+        &slice("glm-2", "glm-5.3", 9999, true, ""),
+    );
     let eps = index.read().pool_endpoints(&PoolRef::new(NS, "glm-5.3"));
     assert_eq!(eps.endpoints.len(), 2);
     assert!(!eps.endpoints.contains_key(&addr(9999)));
@@ -301,8 +330,13 @@ status:
 #[test]
 fn no_ready_endpoints_is_an_existing_empty_set() {
     let index = scenario();
-    apply_yaml(&mut index.write(), &slice("qwen-0", "qwen-3.6-27b", 8003, false, ""));
-    let qwen = index.read().pool_endpoints(&PoolRef::new(NS, "qwen-3.6-27b"));
+    apply_yaml(
+        &mut index.write(),
+        &slice("qwen-0", "qwen-3.6-27b", 8003, false, ""),
+    );
+    let qwen = index
+        .read()
+        .pool_endpoints(&PoolRef::new(NS, "qwen-3.6-27b"));
     assert!(qwen.exists);
     assert!(qwen.is_empty());
     let unknown = index.read().pool_endpoints(&PoolRef::new(NS, "unknown"));
@@ -315,7 +349,10 @@ fn inference_policy_translates_models_aliases_rules_classifier_and_balancer() {
     let index = scenario();
     let state = index.read().inference_policy(&target("llm", 8000));
     let p = state.policy().expect("served");
-    assert_eq!(p.source, ResourceRef::new("policy.kinference.io", "InferencePolicy", NS, "llm"));
+    assert_eq!(
+        p.source,
+        ResourceRef::new("policy.kinference.io", "InferencePolicy", NS, "llm")
+    );
     assert_eq!(p.parent, target("llm", 8000).resource());
     assert_eq!(p.models.len(), 2);
     let glm = &p.models[0];
@@ -334,7 +371,10 @@ fn inference_policy_translates_models_aliases_rules_classifier_and_balancer() {
     assert_eq!(qwen.price.prompt_per_million_tokens, 0.0);
 
     assert_eq!(p.aliases.len(), 1);
-    assert_eq!((p.aliases[0].name.as_str(), p.aliases[0].target.as_str()), ("default", "glm-5.3"));
+    assert_eq!(
+        (p.aliases[0].name.as_str(), p.aliases[0].target.as_str()),
+        ("default", "glm-5.3")
+    );
 
     let rule = &p.rules[0];
     assert_eq!(rule.name, "low");
@@ -388,12 +428,16 @@ fn policy_precedence_service_then_route_then_pool() {
             .map(|p| p.source.name.clone())
     };
     // A pool-targeted policy (named "a-pool", first by name) loses to the route's.
-    let pool_policy = policy("InferencePool", "glm-5.3", "qwen-3.6-27b").replace("metadata: {name: llm}", "metadata: {name: a-pool}");
+    let pool_policy = policy("InferencePool", "glm-5.3", "qwen-3.6-27b")
+        .replace("metadata: {name: llm}", "metadata: {name: a-pool}");
     apply_yaml(&mut index.write(), &pool_policy);
     assert_eq!(rank_of(&index).as_deref(), Some("llm"));
-    index.write().delete(&key(ResourceKind::InferencePolicy, "llm"));
+    index
+        .write()
+        .delete(&key(ResourceKind::InferencePolicy, "llm"));
     assert_eq!(rank_of(&index).as_deref(), Some("a-pool"));
-    let svc_policy = policy("Service", "llm", "qwen-3.6-27b").replace("metadata: {name: llm}", "metadata: {name: z-svc}");
+    let svc_policy = policy("Service", "llm", "qwen-3.6-27b")
+        .replace("metadata: {name: llm}", "metadata: {name: z-svc}");
     apply_yaml(&mut index.write(), &svc_policy);
     assert_eq!(rank_of(&index).as_deref(), Some("z-svc"));
 }
@@ -402,13 +446,19 @@ fn policy_precedence_service_then_route_then_pool() {
 fn invalid_policy_is_not_served_and_its_error_is_kept() {
     let index = scenario();
     // The rule adds a model the policy does not declare.
-    let bad = policy("HTTPRoute", "llm", "qwen-3.6-27b").replace("addModels: [qwen-3.6-27b]", "addModels: [qwen-9]");
+    let bad = policy("HTTPRoute", "llm", "qwen-3.6-27b")
+        .replace("addModels: [qwen-3.6-27b]", "addModels: [qwen-9]");
     apply_yaml(&mut index.write(), &bad);
     let state = index.read().inference_policy(&target("llm", 8000));
     match &state {
-        InferencePolicyState::Invalid { message, source, .. } => {
+        InferencePolicyState::Invalid {
+            message, source, ..
+        } => {
             assert_eq!(source.name, "llm");
-            assert!(message.contains("spec.rules[0].action.addModels[0]"), "{message}");
+            assert!(
+                message.contains("spec.rules[0].action.addModels[0]"),
+                "{message}"
+            );
         }
         other => panic!("expected invalid, got {other:?}"),
     }
@@ -418,7 +468,10 @@ fn invalid_policy_is_not_served_and_its_error_is_kept() {
     let errors = index.read().policy_errors().clone();
     assert!(errors[&(NS.to_string(), "llm".to_string())].contains("qwen-9"));
     // Fixing it serves it and clears the error.
-    apply_yaml(&mut index.write(), &policy("HTTPRoute", "llm", "qwen-3.6-27b"));
+    apply_yaml(
+        &mut index.write(),
+        &policy("HTTPRoute", "llm", "qwen-3.6-27b"),
+    );
     assert!(rx.borrow().policy().is_some());
     assert!(index.read().policy_errors().is_empty());
 }
@@ -426,7 +479,10 @@ fn invalid_policy_is_not_served_and_its_error_is_kept() {
 #[test]
 fn invalid_classifier_makes_the_policy_invalid() {
     let index = scenario();
-    apply_yaml(&mut index.write(), &CLASSIFIER.replace("[\"```\"]", "[\"(unclosed\"]"));
+    apply_yaml(
+        &mut index.write(),
+        &CLASSIFIER.replace("[\"```\"]", "[\"(unclosed\"]"),
+    );
     let state = index.read().inference_policy(&target("llm", 8000));
     assert!(
         matches!(&state, InferencePolicyState::Invalid { message, .. } if message.contains("InferenceClassifier default/llm")),
@@ -445,21 +501,32 @@ fn watchers_see_changes_and_deletes() {
     eps.mark_unchanged();
 
     // An unrelated change publishes nothing.
-    apply_yaml(&mut index.write(), &slice("qwen-1", "qwen-3.6-27b", 8003, true, ""));
+    apply_yaml(
+        &mut index.write(),
+        &slice("qwen-1", "qwen-3.6-27b", 8003, true, ""),
+    );
     assert!(!outbound.has_changed().unwrap());
     assert!(!inference.has_changed().unwrap());
     assert!(!eps.has_changed().unwrap());
 
     // Deleting a slice removes its endpoint.
-    index.write().delete(&key(ResourceKind::EndpointSlice, "glm-1"));
+    index
+        .write()
+        .delete(&key(ResourceKind::EndpointSlice, "glm-1"));
     assert!(eps.has_changed().unwrap());
     assert_eq!(
-        eps.borrow_and_update().endpoints.keys().copied().collect::<Vec<_>>(),
+        eps.borrow_and_update()
+            .endpoints
+            .keys()
+            .copied()
+            .collect::<Vec<_>>(),
         vec![addr(8001)]
     );
 
     // Deleting the policy: the parent has none.
-    index.write().delete(&key(ResourceKind::InferencePolicy, "llm"));
+    index
+        .write()
+        .delete(&key(ResourceKind::InferencePolicy, "llm"));
     assert!(matches!(
         *inference.borrow_and_update(),
         InferencePolicyState::NotFound { .. }
@@ -470,7 +537,9 @@ fn watchers_see_changes_and_deletes() {
     assert!(outbound.borrow_and_update().routes.is_empty());
 
     // Deleting the pool: the pool does not exist.
-    index.write().delete(&key(ResourceKind::InferencePool, "glm-5.3"));
+    index
+        .write()
+        .delete(&key(ResourceKind::InferencePool, "glm-5.3"));
     let e = eps.borrow_and_update();
     assert!(!e.exists);
     assert!(e.is_empty());
@@ -504,6 +573,52 @@ fn unknown_kinds_are_skipped_and_bad_manifests_are_errors() {
     .unwrap();
     assert!(matches!(
         Resource::from_yaml(bad, NS),
-        Err(crate::resource::ManifestError::Invalid { kind: "InferencePool", .. })
+        Err(crate::resource::ManifestError::Invalid {
+            kind: "InferencePool",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn retargeting_a_policy_moves_it_between_parents() {
+    let index = scenario();
+    apply_yaml(
+        &mut index.write(),
+        "{apiVersion: v1, kind: Service, metadata: {name: other}, spec: {ports: [{port: 80}]}}",
+    );
+    let llm = index.watch_inference_policy(&target("llm", 8000)).unwrap();
+    let other = index.watch_inference_policy(&target("other", 80)).unwrap();
+    assert!(llm.borrow().policy().is_some());
+    assert!(matches!(
+        *other.borrow(),
+        InferencePolicyState::NotFound { .. }
+    ));
+    // The same policy now targets the other Service directly.
+    apply_yaml(
+        &mut index.write(),
+        &policy("Service", "other", "qwen-3.6-27b"),
+    );
+    assert!(matches!(
+        *llm.borrow(),
+        InferencePolicyState::NotFound { .. }
+    ));
+    assert_eq!(
+        other
+            .borrow()
+            .policy()
+            .map(|p| p.parent.name.clone())
+            .as_deref(),
+        Some("other")
+    );
+    // And back to the route.
+    apply_yaml(
+        &mut index.write(),
+        &policy("HTTPRoute", "llm", "qwen-3.6-27b"),
+    );
+    assert!(llm.borrow().policy().is_some());
+    assert!(matches!(
+        *other.borrow(),
+        InferencePolicyState::NotFound { .. }
     ));
 }

@@ -1,0 +1,30 @@
+//! `kinfctl`: Kinference's command line, in the manner of `linkerd`: it prints the manifests that
+//! install the control plane, and injects workloads' manifests, so that both work with nothing but
+//! `kubectl apply`.
+
+mod inject;
+mod install;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "kinfctl", version, about = "Kinference's command line")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the manifests that install Kinference (pipe them to `kubectl apply -f -`).
+    Install(install::Args),
+    /// Annotate workloads in manifests for proxy injection (pipe them to `kubectl apply -f -`).
+    Inject(inject::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Install(args) => install::run(args),
+        Command::Inject(args) => inject::run(args),
+    }
+}

@@ -1,0 +1,400 @@
+//! The desired status of every object, as a pure function of the watched objects.
+//!
+//! Kept apart from the writer so every condition rule is tested without a socket.
+//! Conditions keep their `lastTransitionTime` while their status stays the same (the
+//! Kubernetes convention), and two statuses are compared without those times.
+
+use super::CONTROLLER_NAME;
+use gateway_api::apis::standard::httproutes::HttpRoute;
+use k8s_openapi::jiff::Timestamp;
+use kinference_api::{
+    InferenceClassifier, InferencePolicy, InferencePool, ValidationError,
+    policy::{CONDITION_ACCEPTED, CONDITION_RESOLVED_REFS},
+    validate::ErrorKind,
+};
+use kinference_policy_k8s_index::{Resource, ResourceKey, ResourceKind};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A condition message longer than this is cut (the API server's limit is 32768).
+const MAX_MESSAGE_BYTES: usize = 32_000;
+
+/// One status write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Desired {
+    pub key: ResourceKey,
+    /// The object's resourceVersion the status was computed from.
+    pub resource_version: Option<String>,
+    /// The merge patch for the `/status` subresource.
+    pub patch: Value,
+    /// The desired status without transition times, to compare with later ones.
+    pub comparable: Value,
+}
+
+type NsName = (String, String);
+
+/// The status writes needed to bring every object's status to what the controller
+/// observes. `index_errors` are the index's errors for policies it tried to serve.
+pub fn desired_statuses(
+    objects: &BTreeMap<ResourceKey, Resource>,
+    index_errors: &BTreeMap<NsName, String>,
+    now: Timestamp,
+) -> Vec<Desired> {
+    let mut out = Vec::new();
+    for (key, res) in objects {
+        let desired = match res {
+            Resource::InferencePolicy(p) => {
+                let id = (key.namespace.clone(), key.name.clone());
+                policy(key, p, objects, index_errors.get(&id), now)
+            }
+            Resource::InferencePool(p) => pool(key, p, objects, now),
+            Resource::HttpRoute(r) => route(key, r, objects, now),
+            _ => None,
+        };
+        out.extend(desired);
+    }
+    out
+}
+
+fn condition(type_: &str, ok: bool, reason: &str, message: &str, generation: Option<i64>) -> Value {
+    let mut message = message.to_string();
+    if message.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+    let mut c = json!({
+        "type": type_,
+        "status": if ok { "True" } else { "False" },
+        "reason": reason,
+        "message": message,
+    });
+    if let Some(g) = generation {
+        c["observedGeneration"] = json!(g);
+    }
+    c
+}
+
+/// Sets each condition's `lastTransitionTime`: the existing one while its status is
+/// unchanged, else `now`.
+fn with_times(conditions: Vec<Value>, existing: Option<&Value>, now: Timestamp) -> Vec<Value> {
+    let now = now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    conditions
+        .into_iter()
+        .map(|mut c| {
+            let previous = existing
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .find(|e| e["type"] == c["type"]);
+            let time = match previous {
+                Some(p) if p["status"] == c["status"] && p["lastTransitionTime"].is_string() => {
+                    p["lastTransitionTime"].clone()
+                }
+                _ => json!(now),
+            };
+            c["lastTransitionTime"] = time;
+            c
+        })
+        .collect()
+}
+
+/// A copy of `v` without `lastTransitionTime`s, and without null fields.
+fn comparable(v: &Value) -> Value {
+    match v {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(k, v)| *k != "lastTransitionTime" && !v.is_null())
+                .map(|(k, v)| (k.clone(), comparable(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(comparable).collect()),
+        v => v.clone(),
+    }
+}
+
+fn in_namespace<'o, T>(
+    objects: &'o BTreeMap<ResourceKey, Resource>,
+    ns: &str,
+    pick: impl Fn(&'o Resource) -> Option<&'o T>,
+) -> Vec<T>
+where
+    T: Clone + 'o,
+{
+    objects
+        .iter()
+        .filter(|(k, _)| k.namespace == ns)
+        .filter_map(|(_, r)| pick(r))
+        .cloned()
+        .collect()
+}
+
+fn exists(objects: &BTreeMap<ResourceKey, Resource>, kind: ResourceKind, ns: &str, name: &str) -> bool {
+    objects.contains_key(&ResourceKey {
+        kind,
+        namespace: ns.to_string(),
+        name: name.to_string(),
+    })
+}
+
+fn policy(
+    key: &ResourceKey,
+    p: &InferencePolicy,
+    objects: &BTreeMap<ResourceKey, Resource>,
+    index_error: Option<&String>,
+    now: Timestamp,
+) -> Option<Desired> {
+    let ns = key.namespace.as_str();
+    let generation = p.metadata.generation;
+    let classifiers: Vec<InferenceClassifier> = in_namespace(objects, ns, |r| match r {
+        Resource::InferenceClassifier(c) => Some(&**c),
+        _ => None,
+    });
+    let pools: Vec<InferencePool> = in_namespace(objects, ns, |r| match r {
+        Resource::InferencePool(p) => Some(&**p),
+        _ => None,
+    });
+
+    // The same checks, in the same order and words, as the index and admission.
+    let mut messages = Vec::new();
+    let mut invalid = false;
+    let mut unresolved: Vec<ValidationError> = Vec::new();
+    if let Err(errors) = kinference_api::validate_policy(p, &classifiers, &pools) {
+        messages.push(errors.to_string());
+        for e in errors {
+            if e.kind == ErrorKind::NotFound
+                && (e.field == "spec.classifierRef.name" || e.field.ends_with(".poolRef.name"))
+            {
+                unresolved.push(e);
+            } else {
+                invalid = true;
+            }
+        }
+    }
+    if let Some(reference) = &p.spec.classifier_ref
+        && let Some(c) = classifiers
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(reference.name.as_str()))
+        && let Err(e) = kinference_api::validate_classifier(c)
+    {
+        messages.push(format!("InferenceClassifier {ns}/{}: {e}", reference.name));
+        invalid = true;
+    }
+    if messages.is_empty()
+        && let Some(e) = index_error
+    {
+        messages.push(e.clone());
+        invalid = true;
+    }
+
+    let target = &p.spec.target_ref;
+    let target_kind = match (target.group.as_str(), target.kind.as_str()) {
+        ("" | "core", "Service") => Some(ResourceKind::Service),
+        ("gateway.networking.k8s.io", "HTTPRoute") => Some(ResourceKind::HttpRoute),
+        (kinference_api::pool::GROUP, kinference_api::pool::KIND) => {
+            Some(ResourceKind::InferencePool)
+        }
+        _ => None,
+    };
+    let target_missing = target_kind
+        .is_some_and(|kind| !target.name.is_empty() && !exists(objects, kind, ns, &target.name));
+
+    let resolved = if target_missing {
+        let message = format!("spec.targetRef: {} {ns}/{} not found", target.kind, target.name);
+        condition(CONDITION_RESOLVED_REFS, false, "TargetNotFound", &message, generation)
+    } else if let Some(first) = unresolved.first() {
+        let reason = if first.field.ends_with(".poolRef.name") {
+            "PoolNotFound"
+        } else {
+            "ClassifierNotFound"
+        };
+        let message = unresolved
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        condition(CONDITION_RESOLVED_REFS, false, reason, &message, generation)
+    } else {
+        condition(CONDITION_RESOLVED_REFS, true, "ResolvedRefs", "", generation)
+    };
+    let accepted = if invalid {
+        condition(CONDITION_ACCEPTED, false, "Invalid", &messages.join("; "), generation)
+    } else if resolved["status"] == "False" {
+        let reason = resolved["reason"].as_str().unwrap_or("Invalid").to_string();
+        let message = if target_missing {
+            resolved["message"].as_str().unwrap_or_default().to_string()
+        } else {
+            messages.join("; ")
+        };
+        condition(CONDITION_ACCEPTED, false, &reason, &message, generation)
+    } else {
+        condition(CONDITION_ACCEPTED, true, "Accepted", "", generation)
+    };
+
+    let existing = p
+        .status
+        .as_ref()
+        .map(|s| serde_json::to_value(&s.conditions).unwrap_or_default());
+    let conditions = with_times(vec![accepted, resolved], existing.as_ref(), now);
+    let status = json!({ "conditions": conditions });
+    let existing_status = json!({ "conditions": existing.unwrap_or_else(|| json!([])) });
+    finish(key, &p.metadata, status, &existing_status, false)
+}
+
+fn finish(
+    key: &ResourceKey,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    status: Value,
+    existing: &Value,
+    precondition: bool,
+) -> Option<Desired> {
+    let wanted = comparable(&status);
+    if wanted == comparable(existing) {
+        return None;
+    }
+    let mut patch = json!({ "status": status });
+    if precondition && let Some(rv) = &meta.resource_version {
+        // A list merged with others' entries: fail rather than overwrite a newer one.
+        patch["metadata"] = json!({ "resourceVersion": rv });
+    }
+    Some(Desired {
+        key: key.clone(),
+        resource_version: meta.resource_version.clone(),
+        patch,
+        comparable: wanted,
+    })
+}
+
+/// The InferencePools a route's backendRefs name.
+fn pool_backends(route: &HttpRoute) -> Vec<NsName> {
+    let ns = route.metadata.namespace.clone().unwrap_or_default();
+    route
+        .spec
+        .rules
+        .iter()
+        .flatten()
+        .flat_map(|rule| rule.backend_refs.iter().flatten())
+        .filter(|b| {
+            b.group.as_deref() == Some(kinference_api::pool::GROUP)
+                && b.kind.as_deref() == Some(kinference_api::pool::KIND)
+        })
+        .map(|b| (b.namespace.clone().unwrap_or_else(|| ns.clone()), b.name.clone()))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+fn is_service_parent(group: Option<&str>, kind: Option<&str>) -> bool {
+    matches!(group, None | Some("") | Some("core")) && kind == Some("Service")
+}
+
+/// Parent entries written by other controllers, and ours, from an existing list.
+fn split_parents(existing: &Value) -> (Vec<Value>, Vec<Value>) {
+    existing["parents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .cloned()
+        .partition(|p| p["controllerName"] != CONTROLLER_NAME)
+}
+
+fn parent_entry(parent_ref: Value, conditions: Vec<Value>, ours: &[Value], now: Timestamp) -> Value {
+    let previous = ours
+        .iter()
+        .find(|p| comparable(&p["parentRef"]) == comparable(&parent_ref))
+        .map(|p| &p["conditions"]);
+    json!({
+        "parentRef": parent_ref,
+        "controllerName": CONTROLLER_NAME,
+        "conditions": with_times(conditions, previous, now),
+    })
+}
+
+fn route(
+    key: &ResourceKey,
+    r: &HttpRoute,
+    objects: &BTreeMap<ResourceKey, Resource>,
+    now: Timestamp,
+) -> Option<Desired> {
+    let ns = key.namespace.as_str();
+    let generation = r.metadata.generation;
+    let existing = json!({
+        "parents": r.status.as_ref().map(|s| serde_json::to_value(&s.parents).unwrap_or_default()).unwrap_or_else(|| json!([])),
+    });
+    let (others, ours) = split_parents(&existing);
+    let pools = pool_backends(r);
+    if pools.is_empty() && ours.is_empty() {
+        return None;
+    }
+    let missing: Vec<String> = pools
+        .iter()
+        .filter(|(pns, name)| !exists(objects, ResourceKind::InferencePool, pns, name))
+        .map(|(pns, name)| format!("InferencePool {pns}/{name} not found"))
+        .collect();
+    let mut parents = others;
+    if !pools.is_empty() {
+        for p in r.spec.parent_refs.iter().flatten() {
+            if !is_service_parent(p.group.as_deref(), p.kind.as_deref()) {
+                continue;
+            }
+            let pns = p.namespace.as_deref().unwrap_or(ns);
+            let accepted = if exists(objects, ResourceKind::Service, pns, &p.name) {
+                condition("Accepted", true, "Accepted", "", generation)
+            } else {
+                let message = format!("Service {pns}/{} not found", p.name);
+                condition("Accepted", false, "NoMatchingParent", &message, generation)
+            };
+            let resolved = if missing.is_empty() {
+                condition("ResolvedRefs", true, "ResolvedRefs", "", generation)
+            } else {
+                condition("ResolvedRefs", false, "BackendNotFound", &missing.join("; "), generation)
+            };
+            let parent_ref = serde_json::to_value(p).unwrap_or_default();
+            parents.push(parent_entry(parent_ref, vec![accepted, resolved], &ours, now));
+        }
+    }
+    finish(key, &r.metadata, json!({ "parents": parents }), &existing, true)
+}
+
+fn pool(
+    key: &ResourceKey,
+    p: &InferencePool,
+    objects: &BTreeMap<ResourceKey, Resource>,
+    now: Timestamp,
+) -> Option<Desired> {
+    let generation = p.metadata.generation;
+    let id = (key.namespace.clone(), key.name.clone());
+    let services: BTreeSet<NsName> = objects
+        .values()
+        .filter_map(|r| match r {
+            Resource::HttpRoute(r) => Some(r),
+            _ => None,
+        })
+        .filter(|r| pool_backends(r).contains(&id))
+        .flat_map(|r| {
+            let rns = r.metadata.namespace.clone().unwrap_or_default();
+            r.spec
+                .parent_refs
+                .iter()
+                .flatten()
+                .filter(|p| is_service_parent(p.group.as_deref(), p.kind.as_deref()))
+                .map(move |p| (p.namespace.clone().unwrap_or_else(|| rns.clone()), p.name.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let existing = json!({
+        "parents": p.status.as_ref().map(|s| serde_json::to_value(&s.parents).unwrap_or_default()).unwrap_or_else(|| json!([])),
+    });
+    let (mut parents, ours) = split_parents(&existing);
+    if services.is_empty() && ours.is_empty() {
+        return None;
+    }
+    for (sns, name) in services {
+        let parent_ref = json!({ "group": "", "kind": "Service", "name": name, "namespace": sns });
+        let accepted = condition("Accepted", true, "Accepted", "", generation);
+        parents.push(parent_entry(parent_ref, vec![accepted], &ours, now));
+    }
+    finish(key, &p.metadata, json!({ "parents": parents }), &existing, true)
+}

@@ -1,0 +1,176 @@
+//! kube-rs watchers that feed the index, one per kind.
+//!
+//! The index is the same one the local manifest directory feeds; this module is the
+//! seam between the Kubernetes API's list-and-watch protocol and its `apply`/`delete`.
+//! A watcher restart (a dropped connection the API cannot resume, a `410 Gone`) relists
+//! the kind: the relisted objects replace what this watcher applied before, under one
+//! index lock, and objects missing from the relist are deleted, since their deletion
+//! events were lost.
+
+use crate::status::Inputs;
+use futures::StreamExt;
+use gateway_api::apis::standard::httproutes::HttpRoute;
+use k8s_openapi::api::{
+    core::v1::{Pod, Service},
+    discovery::v1::EndpointSlice,
+};
+use kinference_api::{InferenceClassifier, InferencePolicy, InferencePool};
+use kinference_policy_k8s_index::{Resource, ResourceKey, ResourceKind, SharedIndex};
+use kube::{
+    Api,
+    runtime::{WatchStreamExt, watcher},
+};
+use serde::de::DeserializeOwned;
+use std::{collections::BTreeSet, fmt::Debug, sync::Arc, time::Duration};
+
+/// The watched types, as the index's [`Resource`].
+pub trait IndexedResource:
+    kube::Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static
+{
+    const KIND: ResourceKind;
+    fn into_resource(self) -> Resource;
+}
+
+macro_rules! indexed {
+    ($ty:ty, $kind:ident) => {
+        impl IndexedResource for $ty {
+            const KIND: ResourceKind = ResourceKind::$kind;
+            fn into_resource(self) -> Resource {
+                Resource::$kind(Box::new(self))
+            }
+        }
+    };
+}
+
+indexed!(Service, Service);
+indexed!(HttpRoute, HttpRoute);
+indexed!(InferencePool, InferencePool);
+indexed!(EndpointSlice, EndpointSlice);
+indexed!(Pod, Pod);
+indexed!(InferencePolicy, InferencePolicy);
+indexed!(InferenceClassifier, InferenceClassifier);
+
+/// How long a watcher waits before retrying after an error: doubling from `min` up to
+/// `max`, and back to `min` once events flow again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    pub min: Duration,
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    /// client-go's reflector: 800ms doubling to 30s.
+    fn default() -> Self {
+        Self {
+            min: Duration::from_millis(800),
+            max: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct BackoffIter {
+    config: Backoff,
+    next: Duration,
+}
+
+impl Iterator for BackoffIter {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let cur = self.next;
+        self.next = (cur * 2).min(self.config.max);
+        Some(cur)
+    }
+}
+
+impl kube::runtime::utils::Backoff for BackoffIter {
+    fn reset(&mut self) {
+        self.next = self.config.min;
+    }
+}
+
+/// Where watch events go: the index, and the status writer's inputs.
+#[derive(Clone, Debug)]
+pub struct Sink {
+    index: SharedIndex,
+    inputs: Arc<Inputs>,
+}
+
+impl Sink {
+    pub fn new(index: SharedIndex, inputs: Arc<Inputs>) -> Self {
+        Self { index, inputs }
+    }
+
+    fn apply(&self, resource: Resource) {
+        self.index.write().apply(resource.clone());
+        self.inputs.apply(resource);
+    }
+
+    fn delete(&self, key: &ResourceKey) {
+        self.index.write().delete(key);
+        self.inputs.delete(key);
+    }
+
+    /// Replaces every object of one kind that this watcher applied with a relist.
+    fn replace(&self, known: &mut BTreeSet<ResourceKey>, listed: Vec<Resource>) {
+        let listed_keys: BTreeSet<ResourceKey> = listed.iter().map(Resource::key).collect();
+        let gone: Vec<ResourceKey> = known.difference(&listed_keys).cloned().collect();
+        {
+            let mut index = self.index.write();
+            for key in &gone {
+                index.delete(key);
+            }
+            for res in &listed {
+                index.apply(res.clone());
+            }
+        }
+        self.inputs.replace(&gone, listed);
+        if !gone.is_empty() {
+            tracing::debug!(deleted = gone.len(), "relist removed objects deleted while unwatched");
+        }
+        *known = listed_keys;
+    }
+}
+
+/// Watches one kind in every namespace and feeds `sink` until the task is dropped.
+pub async fn watch_kind<K: IndexedResource>(api: Api<K>, sink: Sink, backoff: Backoff) {
+    let stream = watcher(api, watcher::Config::default()).backoff(BackoffIter {
+        config: backoff,
+        next: backoff.min,
+    });
+    let mut stream = std::pin::pin!(stream);
+    let mut known = BTreeSet::new();
+    let mut listing: Option<Vec<Resource>> = None;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Init) => listing = Some(Vec::new()),
+            Ok(watcher::Event::InitApply(obj)) => match listing.as_mut() {
+                Some(listed) => listed.push(obj.into_resource()),
+                None => {
+                    let res = obj.into_resource();
+                    known.insert(res.key());
+                    sink.apply(res);
+                }
+            },
+            Ok(watcher::Event::InitDone) => {
+                let listed = listing.take().unwrap_or_default();
+                tracing::debug!(kind = %K::KIND, objects = listed.len(), "listed");
+                sink.replace(&mut known, listed);
+            }
+            Ok(watcher::Event::Apply(obj)) => {
+                let res = obj.into_resource();
+                known.insert(res.key());
+                sink.apply(res);
+            }
+            Ok(watcher::Event::Delete(obj)) => {
+                let key = obj.into_resource().key();
+                known.remove(&key);
+                sink.delete(&key);
+            }
+            Err(error) => {
+                tracing::warn!(kind = %K::KIND, %error, "watch failed; retrying");
+            }
+        }
+    }
+}

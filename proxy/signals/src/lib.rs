@@ -1,0 +1,19 @@
+//! The proxy's signal collectors: vLLM's `/metrics` and vLLM's KV events.
+//!
+//! The routing core predicts time to first token from what each endpoint reports: its queue and
+//! KV-cache usage (scraped from Prometheus text) and, in precise mode, the blocks its prefix cache
+//! holds (from KV events over ZMQ). This crate turns those wire formats into the routing core's
+//! inputs, tolerating the metric renames across vLLM versions, and reports every failure as a typed
+//! error so the caller can age or clear that endpoint's signals.
+
+#![forbid(unsafe_code)]
+
+pub mod kv_events;
+pub mod metrics;
+pub mod scrape;
+
+pub use self::{
+    kv_events::{KvEventError, KvEventsConfig, subscribe_kv_events, subscribe_kv_events_with},
+    metrics::{ParseError, VllmMetrics, parse_vllm_metrics},
+    scrape::{ScrapeError, Scraper},
+};

@@ -1,0 +1,148 @@
+//! Scraping one endpoint's `/metrics` over HTTP with a per-request deadline.
+//!
+//! A slow or dead endpoint must not hold up the scrape loop, and the caller needs to know why a
+//! scrape failed (a timeout ages the endpoint's signals, a refused connection suggests it is gone,
+//! a parse error suggests it is not vLLM), so every failure is typed.
+
+use crate::metrics::{ParseError, VllmMetrics, parse_vllm_metrics};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+use std::time::Duration;
+
+/// The largest `/metrics` body read (vLLM's is a few tens of KiB).
+pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// Why a scrape failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    #[error("scraping {url} took longer than {timeout_ms} ms")]
+    Timeout { url: String, timeout_ms: u64 },
+    #[error("cannot connect to {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("scraping {url} failed: {message}")]
+    Http { url: String, message: String },
+    #[error("{url} answered HTTP {status}")]
+    Status {
+        url: String,
+        status: http::StatusCode,
+    },
+    #[error("{url} sent more than {MAX_BODY_BYTES} bytes")]
+    TooLarge { url: String },
+    #[error("{url} sent a body that is not UTF-8")]
+    NotUtf8 { url: String },
+    #[error("{url}: {source}")]
+    Parse {
+        url: String,
+        #[source]
+        source: ParseError,
+    },
+}
+
+/// Scrapes vLLM endpoints; cheap to clone (one shared connection pool).
+#[derive(Clone, Debug)]
+pub struct Scraper {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    timeout: Duration,
+}
+
+impl Scraper {
+    /// A scraper whose every request (connect, headers and body) must finish within `timeout`.
+    pub fn new(timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(1)
+            .build(connector);
+        Self { client, timeout }
+    }
+
+    /// Fetches and parses `url` (e.g. `http://10.0.0.7:8000/metrics`).
+    pub async fn scrape(&self, url: &http::Uri) -> Result<VllmMetrics, ScrapeError> {
+        let text = match tokio::time::timeout(self.timeout, self.fetch(url)).await {
+            Ok(res) => res?,
+            Err(_) => {
+                return Err(ScrapeError::Timeout {
+                    url: url.to_string(),
+                    timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+        };
+        parse_vllm_metrics(&text).map_err(|source| ScrapeError::Parse {
+            url: url.to_string(),
+            source,
+        })
+    }
+
+    async fn fetch(&self, url: &http::Uri) -> Result<String, ScrapeError> {
+        let req = http::Request::get(url.clone())
+            .header(
+                http::header::ACCEPT,
+                "text/plain;version=0.0.4;q=0.9,*/*;q=0.1",
+            )
+            .body(Empty::new())
+            .map_err(|e| ScrapeError::Http {
+                url: url.to_string(),
+                message: e.to_string(),
+            })?;
+        let rsp = self.client.request(req).await.map_err(|source| {
+            if source.is_connect() {
+                ScrapeError::Connect {
+                    url: url.to_string(),
+                    source,
+                }
+            } else {
+                ScrapeError::Http {
+                    url: url.to_string(),
+                    message: error_chain(&source),
+                }
+            }
+        })?;
+        let status = rsp.status();
+        if !status.is_success() {
+            return Err(ScrapeError::Status {
+                url: url.to_string(),
+                status,
+            });
+        }
+        let body = Limited::new(rsp.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    ScrapeError::TooLarge {
+                        url: url.to_string(),
+                    }
+                } else {
+                    ScrapeError::Http {
+                        url: url.to_string(),
+                        message: e.to_string(),
+                    }
+                }
+            })?
+            .to_bytes();
+        String::from_utf8(body.to_vec()).map_err(|_| ScrapeError::NotUtf8 {
+            url: url.to_string(),
+        })
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}

@@ -1,0 +1,148 @@
+//! The admin listener, on loopback: health, metrics and the debug views an operator uses to see why
+//! a request went where it went.
+//!
+//! `/live` answers while the process runs; `/ready` once a policy has been received (the last good
+//! one is kept if the controller goes away); `/metrics` is the OpenMetrics exposition;
+//! `/debug/endpoints`, `POST /debug/classify` and `/debug/decisions` explain signals, tags and
+//! decisions without showing prompt text.
+
+use crate::{
+    inference::{ProxyBody, Shared, full},
+    openai::{ApiError, Endpoint, InferenceRequest},
+};
+use http::{Method, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::conn::auto,
+};
+use std::{convert::Infallible, sync::Arc};
+use tokio::net::TcpListener;
+
+/// The largest body `/debug/classify` reads.
+const CLASSIFY_LIMIT_BYTES: usize = 4 * 1024 * 1024;
+
+fn json(status: StatusCode, v: &serde_json::Value) -> http::Response<ProxyBody> {
+    let mut rsp = http::Response::new(full(v.to_string()));
+    *rsp.status_mut() = status;
+    rsp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    rsp
+}
+
+fn text(status: StatusCode, body: String, content_type: &'static str) -> http::Response<ProxyBody> {
+    let mut rsp = http::Response::new(full(body));
+    *rsp.status_mut() = status;
+    rsp.headers_mut()
+        .insert(header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    rsp
+}
+
+/// Answers one admin request.
+pub async fn handle(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Response<ProxyBody> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let get = method == Method::GET;
+    match path.as_str() {
+        "/live" if get => text(StatusCode::OK, "live\n".into(), "text/plain"),
+        "/ready" if get => match shared.policy() {
+            Some(_) => text(StatusCode::OK, "ready\n".into(), "text/plain"),
+            None => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not ready: no inference policy yet\n".into(),
+                "text/plain",
+            ),
+        },
+        "/metrics" if get => text(
+            StatusCode::OK,
+            shared.metrics.encode(),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+        "/debug/endpoints" if get => json(StatusCode::OK, &shared.balance.debug()),
+        "/debug/decisions" if get => {
+            let id = req.uri().query().and_then(|q| {
+                q.split('&')
+                    .filter_map(|kv| kv.split_once('='))
+                    .find(|(k, _)| *k == "request_id")
+                    .map(|(_, v)| v.to_string())
+            });
+            let records = shared.decisions.snapshot(id.as_deref());
+            json(
+                StatusCode::OK,
+                &serde_json::to_value(&records).unwrap_or(serde_json::Value::Null),
+            )
+        }
+        "/debug/classify" if method == Method::POST => classify(shared, req).await,
+        "/live" | "/ready" | "/metrics" | "/debug/endpoints" | "/debug/decisions"
+        | "/debug/classify" => {
+            let e = ApiError::method_not_allowed(&method, &path);
+            json(e.status, &e.to_json())
+        }
+        _ => {
+            let e = ApiError::not_found(&path);
+            json(e.status, &e.to_json())
+        }
+    }
+}
+
+/// `POST /debug/classify` with a chat or completion body: the tags with their explanation, and the
+/// candidate models the policy would allow.
+async fn classify(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Response<ProxyBody> {
+    let bytes = match Limited::new(req.into_body(), CLASSIFY_LIMIT_BYTES).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            let e = ApiError::too_large(CLASSIFY_LIMIT_BYTES);
+            return json(e.status, &e.to_json());
+        }
+    };
+    let is_chat = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .is_some_and(|v| v.get("messages").is_some());
+    let endpoint = if is_chat { Endpoint::Chat } else { Endpoint::Completion };
+    let request = match InferenceRequest::parse(endpoint, bytes) {
+        Ok(r) => r,
+        Err(e) => return json(e.status, &e.to_json()),
+    };
+    let Some(state) = shared.policy() else {
+        let e = ApiError::unavailable("no inference policy yet");
+        return json(e.status, &e.to_json());
+    };
+    let set = shared
+        .classifiers
+        .get(&state.policy.revision, &state.proto.classifiers);
+    let explanation = request.with_classifier_prompt(|p| set.explain(p));
+    let tags = explanation.to_tags();
+    let candidates = state
+        .policy
+        .candidates(&request.model, &tags, &shared.workload);
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "model": request.model,
+            "explanation": explanation,
+            "candidates": candidates,
+        }),
+    )
+}
+
+/// Serves the admin listener until the task is dropped.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(handle(shared, req).await) }
+            });
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}

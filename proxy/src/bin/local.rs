@@ -1,0 +1,74 @@
+//! `kinference-local`: the whole system on loopback, for trying it with any OpenAI client.
+//!
+//! Starts the policy controller on `examples/`' manifests, a simulated fleet (two glm-5.3 and two
+//! qwen-3.6-27b replicas) and the proxy, prints the base URL and where the metrics are, and serves
+//! until interrupted. `KINFERENCE_LOCAL_LOGS=1` shows the children's logs.
+
+use anyhow::Context as _;
+use clap::Parser;
+use kinference_proxy::local::{Stack, StackOptions, target_dir, workspace_root};
+use std::process::Command;
+
+#[derive(Debug, Parser)]
+#[command(name = "kinference-local", about = "Controller, simulated vLLM fleet and proxy on loopback")]
+struct Args {
+    /// Replicas per model.
+    #[arg(long, default_value_t = 2)]
+    replicas: usize,
+    /// Simulated seconds per wall second.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // Make sure the three binaries are current (fast when they are).
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(workspace_root())
+        .args([
+            "build",
+            "-p", "kinference-proxy", "--bin", "kinference-proxy",
+            "-p", "kinference-policy-controller", "--bin", "kinference-policy-controller",
+            "-p", "kinference-vllm-sim", "--bin", "vllm-sim",
+        ])
+        .status()
+        .context("running cargo build")?;
+    anyhow::ensure!(status.success(), "cargo build failed");
+    let quiet = std::env::var_os("KINFERENCE_LOCAL_LOGS").is_none();
+    let opts = StackOptions {
+        replicas: vec![
+            ("glm-5.3".into(), args.replicas),
+            ("qwen-3.6-27b".into(), args.replicas),
+        ],
+        time_scale: args.time_scale,
+        quiet,
+        ..StackOptions::default()
+    };
+    let stack = Stack::start(&target_dir().join("kinference-proxy"), &opts, &|_| {})?;
+    println!();
+    println!("Kinference is running on loopback.");
+    println!("  OpenAI base URL:  http://{}/v1", stack.proxy.listen);
+    println!("  metrics:          http://{}/metrics", stack.proxy.admin);
+    println!("  decisions:        http://{}/debug/decisions", stack.proxy.admin);
+    println!("  endpoints:        http://{}/debug/endpoints", stack.proxy.admin);
+    println!("  controller gRPC:  {}", stack.controller.grpc);
+    for s in &stack.sims {
+        println!("  {} replica:   http://{}", s.model, s.addr);
+    }
+    println!();
+    println!("Try: curl http://{}/v1/chat/completions -H 'content-type: application/json' \\", stack.proxy.listen);
+    println!("       -d '{{\"model\":\"glm-5.3\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hi!\"}}]}}'");
+    println!("Press Ctrl-C to stop.");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    std::thread::spawn(move || {
+        rt.block_on(async {
+            let _ = tokio::signal::ctrl_c().await;
+        });
+        let _ = tx.send(());
+    });
+    let _ = rx.recv();
+    drop(stack);
+    Ok(())
+}

@@ -1,0 +1,360 @@
+//! The outbound listener: where the application's OpenAI requests arrive.
+//!
+//! One port speaks HTTP/1.1 and HTTP/2 cleartext (hyper-util's `auto` builder). Each request goes
+//! through a small tower stack: the request id layer (taken from `x-request-id` or made, and put on
+//! the response), then [`OpenAi`], which checks method and content type, reads the body once up to
+//! the limit, parses it, and hands the typed request to the inference layer. Every request is
+//! answered, with an OpenAI error object when it cannot be served.
+
+use crate::{
+    dispatch::{Attempt, DispatchError},
+    inference::{self, ProxyBody, ProxyRequest, REQUEST_ID, Shared, error_response, full},
+    openai::{ApiError, Endpoint, InferenceRequest},
+};
+use bytes::Bytes;
+use http::{Method, header};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::conn::auto,
+    service::TowerToHyperService,
+};
+use std::{
+    convert::Infallible,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Instant,
+};
+use tokio::net::TcpListener;
+
+/// The header that may name the tenant when the operator allows it.
+pub const TENANT_HEADER: &str = "x-kinference-tenant";
+
+/// The request id of a request, set by [`RequestIdLayer`].
+#[derive(Clone, Debug)]
+pub struct RequestId(pub String);
+
+/// Takes `x-request-id` from the request (if it is sane) or makes one; puts it on the response.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequestIdLayer;
+
+impl<S> tower::Layer<S> for RequestIdLayer {
+    type Service = RequestIdService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        RequestIdService { inner }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RequestIdService<S> {
+    inner: S,
+}
+
+fn valid_request_id(v: &str) -> bool {
+    !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// A fresh request id: 128 random bits in hex.
+pub fn new_request_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+impl<S, B> tower::Service<http::Request<B>> for RequestIdService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<ProxyBody>, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let id = req
+            .headers()
+            .get(REQUEST_ID)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| valid_request_id(v))
+            .map_or_else(new_request_id, str::to_string);
+        req.extensions_mut().insert(RequestId(id.clone()));
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let mut rsp = fut.await?;
+            if let Ok(v) = http::HeaderValue::from_str(&id) {
+                rsp.headers_mut().insert(REQUEST_ID, v);
+            }
+            Ok(rsp)
+        })
+    }
+}
+
+/// The OpenAI front: method, content type, body limit, parse, then the inference layer.
+#[derive(Clone, Debug)]
+pub struct OpenAi<S> {
+    shared: Arc<Shared>,
+    inference: inference::Inference<S>,
+    dispatch: S,
+    body_limit_bytes: usize,
+    allow_tenant_header: bool,
+    tenant: String,
+}
+
+impl<S> OpenAi<S> {
+    pub fn new(
+        shared: Arc<Shared>,
+        dispatch: S,
+        body_limit_bytes: usize,
+        allow_tenant_header: bool,
+        tenant: String,
+    ) -> Self
+    where
+        S: Clone,
+    {
+        let inference =
+            tower::Layer::layer(&inference::InferenceLayer::new(shared.clone()), dispatch.clone());
+        Self {
+            shared,
+            inference,
+            dispatch,
+            body_limit_bytes,
+            allow_tenant_header,
+            tenant,
+        }
+    }
+}
+
+impl<S, RB, B> tower::Service<http::Request<RB>> for OpenAi<S>
+where
+    S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: std::fmt::Display,
+    RB: Body<Data = Bytes> + Send + 'static,
+    RB::Error: std::error::Error + Send + Sync + 'static,
+{
+    type Response = http::Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<RB>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.handle(req).await) })
+    }
+}
+
+fn models_list(shared: &Shared) -> Result<http::Response<ProxyBody>, ApiError> {
+    let Some(state) = shared.policy() else {
+        return Err(ApiError::unavailable(
+            "no inference policy has been received from the controller yet",
+        ));
+    };
+    let p = &state.policy;
+    let mut data: Vec<serde_json::Value> = p
+        .models
+        .iter()
+        .map(|m| {
+            serde_json::json!({"id": m.name, "object": "model", "created": 0, "owned_by": "kinference"})
+        })
+        .collect();
+    let mut aliases: Vec<(&String, &String)> = p.aliases.iter().collect();
+    aliases.sort();
+    for (name, _) in aliases {
+        if let Some(m) = p.resolve(name) {
+            data.push(serde_json::json!({"id": name, "object": "model", "created": 0, "owned_by": "kinference", "root": m.name}));
+        }
+    }
+    let body = serde_json::json!({"object": "list", "data": data}).to_string();
+    let mut rsp = http::Response::new(full(body));
+    rsp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    Ok(rsp)
+}
+
+impl<S> OpenAi<S> {
+    async fn handle<RB, B>(self, req: http::Request<RB>) -> http::Response<ProxyBody>
+    where
+        S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send,
+        B: Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: std::fmt::Display,
+        RB: Body<Data = Bytes> + Send + 'static,
+        RB::Error: std::error::Error + Send + Sync + 'static,
+    {
+        let received_at = Instant::now();
+        let request_id = req
+            .extensions()
+            .get::<RequestId>()
+            .map_or_else(new_request_id, |r| r.0.clone());
+        let tenant = if self.allow_tenant_header {
+            req.headers()
+                .get(TENANT_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty())
+                .unwrap_or(&self.tenant)
+                .to_string()
+        } else {
+            self.tenant.clone()
+        };
+        let labels = crate::metrics::RequestLabels {
+            tenant: tenant.clone(),
+            ..Default::default()
+        };
+        let refuse = |e: ApiError| {
+            self.shared.metrics.requests.get_or_create(&labels).inc();
+            self.shared.metrics.error(&labels, e.status.as_str());
+            error_response(&e, &request_id)
+        };
+        let path = req.uri().path().to_string();
+        let method = req.method().clone();
+        let endpoint = match path.as_str() {
+            "/v1/chat/completions" => Some(Endpoint::Chat),
+            "/v1/completions" => Some(Endpoint::Completion),
+            "/v1/models" => {
+                if method != Method::GET {
+                    return refuse(ApiError::method_not_allowed(&method, &path));
+                }
+                return models_list(&self.shared).unwrap_or_else(refuse);
+            }
+            p if p.starts_with("/v1/") => None,
+            _ => return refuse(ApiError::not_found(&path)),
+        };
+        if endpoint.is_some() && method != Method::POST {
+            return refuse(ApiError::method_not_allowed(&method, &path));
+        }
+        if let Some(id) = path.strip_prefix("/v1/models/") {
+            return match self.shared.policy() {
+                Some(state) if state.policy.resolve(id).is_some() => {
+                    let body = serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "kinference"});
+                    let mut rsp = http::Response::new(full(body.to_string()));
+                    rsp.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+                    rsp
+                }
+                Some(_) => refuse(ApiError::unknown_model(id)),
+                None => refuse(ApiError::unavailable("no inference policy has been received from the controller yet")),
+            };
+        }
+        let has_body = method == Method::POST || method == Method::PUT || method == Method::PATCH;
+        if has_body {
+            let content_type = req
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok());
+            let json = content_type.is_some_and(|ct| {
+                ct.split(';')
+                    .next()
+                    .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+            });
+            if !json && endpoint.is_some() {
+                return refuse(ApiError::unsupported_media_type(content_type));
+            }
+            let declared = req
+                .headers()
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if declared.is_some_and(|n| n > self.body_limit_bytes as u64) {
+                return refuse(ApiError::too_large(self.body_limit_bytes));
+            }
+        }
+        let (head, body) = req.into_parts();
+        let bytes = match Limited::new(body, self.body_limit_bytes).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return refuse(ApiError::too_large(self.body_limit_bytes));
+            }
+            Err(e) => return refuse(ApiError::bad_request(format!("cannot read the body: {e}"))),
+        };
+        match endpoint {
+            Some(endpoint) => {
+                let request = match InferenceRequest::parse(endpoint, bytes) {
+                    Ok(r) => r,
+                    Err(e) => return refuse(e),
+                };
+                let req = ProxyRequest {
+                    head,
+                    request,
+                    request_id,
+                    tenant,
+                    received_at,
+                };
+                match tower::ServiceExt::oneshot(self.inference.clone(), req).await {
+                    Ok(rsp) => rsp,
+                    Err(never) => match never {},
+                }
+            }
+            None => {
+                let model = serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .ok()
+                    .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string));
+                let Some(model) = model else {
+                    return refuse(ApiError::bad_field(
+                        "model",
+                        format!("{path} is forwarded to a model's pool: the JSON body must name `model`"),
+                    ));
+                };
+                inference::forward_other(
+                    self.shared.clone(),
+                    self.dispatch.clone(),
+                    head,
+                    bytes,
+                    model,
+                    request_id,
+                    tenant,
+                    received_at,
+                )
+                .await
+            }
+        }
+    }
+}
+
+/// Serves the outbound listener until the task is dropped.
+pub async fn serve<S>(listener: TcpListener, service: S)
+where
+    S: tower::Service<http::Request<Incoming>, Response = http::Response<ProxyBody>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let svc = TowerToHyperService::new(service.clone());
+        tokio::spawn(async move {
+            if let Err(error) = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+        });
+    }
+}

@@ -1,0 +1,356 @@
+//! The response body on its way back: passed through frame by frame, observed on the way.
+//!
+//! The proxy never buffers a response. [`ObservedBody`] forwards each frame as it arrives and
+//! watches it: for a stream, the first SSE event with choices is the first token (TTFT), the gaps
+//! between later ones are inter-token latencies, and the usage chunk gives token counts; for a
+//! non-stream response, the usage object is read from a bounded copy of the body. If the upstream
+//! fails mid-stream, the client gets an SSE `error` event and a clean end instead of a cut
+//! connection. When the body ends (or the client goes away) the [`Hooks`] hear how it went.
+
+use crate::openai::Usage;
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame};
+use std::{
+    pin::Pin,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+/// The error type of bodies the proxy serves.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How a response ended.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Summary {
+    pub usage: Option<Usage>,
+    /// SSE events with choices (about one per token for vLLM).
+    pub token_events: u64,
+    /// The upstream failed after the first byte.
+    pub upstream_error: Option<String>,
+    /// The body was dropped before its end (the client went away).
+    pub cancelled: bool,
+}
+
+/// Told what the body sees.
+pub trait Hooks: Send + 'static {
+    /// The first token arrived (streams only).
+    fn first_token(&mut self, at: Instant);
+    /// The gap between two streamed tokens.
+    fn token_gap(&mut self, gap: Duration);
+    /// The body ended; called exactly once.
+    fn end(&mut self, summary: Summary);
+}
+
+/// The most of a non-stream body kept to read its usage.
+const MAX_KEPT_BYTES: usize = 4 * 1024 * 1024;
+
+/// A response body observed on its way to the client.
+pub struct ObservedBody<B> {
+    inner: B,
+    stream: bool,
+    hooks: Option<Box<dyn Hooks>>,
+    /// SSE: the incomplete tail of the last frame. Non-stream: the body so far (bounded).
+    buf: BytesMut,
+    last_token_at: Option<Instant>,
+    summary: Summary,
+    done: bool,
+}
+
+impl<B> std::fmt::Debug for ObservedBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObservedBody")
+            .field("stream", &self.stream)
+            .field("summary", &self.summary)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> ObservedBody<B> {
+    pub fn new(inner: B, stream: bool, hooks: Box<dyn Hooks>) -> Self {
+        Self {
+            inner,
+            stream,
+            hooks: Some(hooks),
+            buf: BytesMut::new(),
+            last_token_at: None,
+            summary: Summary::default(),
+            done: false,
+        }
+    }
+
+    fn observe(&mut self, data: &[u8], now: Instant) {
+        if !self.stream {
+            if self.buf.len() + data.len() <= MAX_KEPT_BYTES {
+                self.buf.extend_from_slice(data);
+            }
+            return;
+        }
+        self.buf.extend_from_slice(data);
+        while let Some(end) = find_event_end(&self.buf) {
+            let event = self.buf.split_to(end.0 + end.1);
+            self.event(&event[..end.0], now);
+        }
+        if self.buf.len() > MAX_KEPT_BYTES {
+            // Not SSE after all: stop looking rather than grow.
+            self.buf.clear();
+        }
+    }
+
+    fn event(&mut self, event: &[u8], now: Instant) {
+        let Ok(text) = std::str::from_utf8(event) else {
+            return;
+        };
+        let data: String = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim_start)
+            .collect::<Vec<_>>()
+            .join("\n");
+        if data.is_empty() || data == "[DONE]" {
+            return;
+        }
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&data) else {
+            return;
+        };
+        if let Some(u) = v.get("usage").and_then(Usage::from_json) {
+            self.summary.usage = Some(u);
+        }
+        let has_choices = v
+            .get("choices")
+            .and_then(|c| c.as_array())
+            .is_some_and(|c| !c.is_empty());
+        if has_choices {
+            self.summary.token_events += 1;
+            match self.last_token_at {
+                None => {
+                    if let Some(h) = self.hooks.as_mut() {
+                        h.first_token(now);
+                    }
+                }
+                Some(prev) => {
+                    if let Some(h) = self.hooks.as_mut() {
+                        h.token_gap(now.saturating_duration_since(prev));
+                    }
+                }
+            }
+            self.last_token_at = Some(now);
+        }
+    }
+
+    fn finish(&mut self) {
+        if !self.stream && !self.buf.is_empty() {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&self.buf) {
+                self.summary.usage = v.get("usage").and_then(Usage::from_json);
+            }
+            self.buf.clear();
+        }
+        if let Some(mut h) = self.hooks.take() {
+            h.end(std::mem::take(&mut self.summary));
+        }
+    }
+}
+
+/// The end of the first complete SSE event: (its length, the separator's length).
+fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
+    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The SSE event sent when the upstream fails mid-stream.
+pub fn error_event(message: &str) -> Bytes {
+    let v = serde_json::json!({
+        "error": {
+            "message": message,
+            "type": "upstream_error",
+            "param": null,
+            "code": "upstream_stream_failed",
+        }
+    });
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+impl<B> Body for ObservedBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.observe(data, Instant::now());
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.done = true;
+                let message = format!("the model server failed mid-response: {e}");
+                this.summary.upstream_error = Some(message.clone());
+                this.finish();
+                if this.stream {
+                    Poll::Ready(Some(Ok(Frame::data(error_event(&message)))))
+                } else {
+                    Poll::Ready(Some(Err(message.into())))
+                }
+            }
+            Poll::Ready(None) => {
+                this.done = true;
+                this.finish();
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        if self.stream {
+            // An error event may be added: no exact size.
+            http_body::SizeHint::default()
+        } else {
+            self.inner.size_hint()
+        }
+    }
+}
+
+impl<B> Drop for ObservedBody<B> {
+    fn drop(&mut self) {
+        if self.hooks.is_some() {
+            self.summary.cancelled = !self.done;
+            self.finish();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::stream;
+    use http_body_util::{BodyExt, StreamBody};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
+
+    #[derive(Default, Debug)]
+    struct Seen {
+        first: usize,
+        gaps: usize,
+        end: Option<Summary>,
+        ends: usize,
+    }
+
+    struct Rec(Arc<Mutex<Seen>>);
+    impl Hooks for Rec {
+        fn first_token(&mut self, _at: Instant) {
+            self.0.lock().first += 1;
+        }
+        fn token_gap(&mut self, _gap: Duration) {
+            self.0.lock().gaps += 1;
+        }
+        fn end(&mut self, summary: Summary) {
+            let mut s = self.0.lock();
+            s.end = Some(summary);
+            s.ends += 1;
+        }
+    }
+
+    type Chunks = Vec<Result<Frame<Bytes>, std::io::Error>>;
+
+    fn body(chunks: Chunks) -> StreamBody<stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, std::io::Error>>>> {
+        StreamBody::new(stream::iter(chunks))
+    }
+
+    fn data(s: &str) -> Result<Frame<Bytes>, std::io::Error> {
+        Ok(Frame::data(Bytes::from(s.to_string())))
+    }
+
+    #[tokio::test]
+    async fn sse_first_token_gaps_and_usage_across_split_frames() {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let chunks = vec![
+            data("data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n"),
+            data("\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choi"),
+            data("ces\":[{\"delta\":{\"content\":\"b\"}}]}\r\n\r\n"),
+            data("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\ndata: [DONE]\n\n"),
+        ];
+        let expected: Vec<u8> = chunks
+            .iter()
+            .flat_map(|c| c.as_ref().unwrap().data_ref().unwrap().to_vec())
+            .collect();
+        let b = ObservedBody::new(body(chunks), true, Box::new(Rec(seen.clone())));
+        let out = b.collect().await.unwrap().to_bytes();
+        assert_eq!(out.to_vec(), expected, "passed through unchanged");
+        let s = seen.lock();
+        assert_eq!(s.first, 1);
+        assert_eq!(s.gaps, 2);
+        assert_eq!(s.ends, 1);
+        let end = s.end.clone().unwrap();
+        assert_eq!(end.token_events, 3);
+        assert_eq!(
+            end.usage,
+            Some(Usage {
+                prompt_tokens: 7,
+                completion_tokens: 2,
+                cached_tokens: 4
+            })
+        );
+        assert!(!end.cancelled);
+    }
+
+    #[tokio::test]
+    async fn upstream_failure_mid_stream_ends_with_an_error_event() {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let chunks = vec![
+            data("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"),
+            Err(std::io::Error::other("reset")),
+        ];
+        let b = ObservedBody::new(body(chunks), true, Box::new(Rec(seen.clone())));
+        let out = b.collect().await.unwrap().to_bytes();
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        let last = text.trim_end().rsplit("\n\n").next().unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(v["error"]["code"], "upstream_stream_failed");
+        let s = seen.lock();
+        assert!(s.end.as_ref().unwrap().upstream_error.is_some());
+        assert_eq!(s.ends, 1);
+    }
+
+    #[tokio::test]
+    async fn non_stream_usage_and_cancel_on_drop() {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let chunks = vec![
+            data("{\"choices\":[{\"message\":{\"content\":\"hi\"}}],"),
+            data("\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}"),
+        ];
+        let b = ObservedBody::new(body(chunks), false, Box::new(Rec(seen.clone())));
+        b.collect().await.unwrap();
+        {
+            let s = seen.lock();
+            assert_eq!(s.first, 0, "no TTFT from a non-stream body");
+            assert_eq!(s.end.as_ref().unwrap().usage.unwrap().prompt_tokens, 3);
+        }
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let b = ObservedBody::new(body(vec![data("x")]), true, Box::new(Rec(seen.clone())));
+        drop(b);
+        let s = seen.lock();
+        assert_eq!(s.ends, 1);
+        assert!(s.end.as_ref().unwrap().cancelled);
+    }
+}
