@@ -36,13 +36,18 @@ fn json(status: StatusCode, v: &serde_json::Value) -> http::Response<ProxyBody> 
 fn text(status: StatusCode, body: String, content_type: &'static str) -> http::Response<ProxyBody> {
     let mut rsp = http::Response::new(full(body));
     *rsp.status_mut() = status;
-    rsp.headers_mut()
-        .insert(header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    rsp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
     rsp
 }
 
 /// Answers one admin request.
-pub async fn handle(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Response<ProxyBody> {
+pub async fn handle(
+    shared: Arc<Shared>,
+    req: http::Request<Incoming>,
+) -> http::Response<ProxyBody> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     let get = method == Method::GET;
@@ -91,7 +96,10 @@ pub async fn handle(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::
 /// `POST /debug/classify` with a chat or completion body: the tags with their explanation, and the
 /// candidate models the policy would allow.
 async fn classify(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Response<ProxyBody> {
-    let bytes = match Limited::new(req.into_body(), CLASSIFY_LIMIT_BYTES).collect().await {
+    let bytes = match Limited::new(req.into_body(), CLASSIFY_LIMIT_BYTES)
+        .collect()
+        .await
+    {
         Ok(b) => b.to_bytes(),
         Err(_) => {
             let e = ApiError::too_large(CLASSIFY_LIMIT_BYTES);
@@ -101,7 +109,11 @@ async fn classify(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Re
     let is_chat = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .is_some_and(|v| v.get("messages").is_some());
-    let endpoint = if is_chat { Endpoint::Chat } else { Endpoint::Completion };
+    let endpoint = if is_chat {
+        Endpoint::Chat
+    } else {
+        Endpoint::Completion
+    };
     let request = match InferenceRequest::parse(endpoint, bytes) {
         Ok(r) => r,
         Err(e) => return json(e.status, &e.to_json()),

@@ -11,10 +11,10 @@ use crate::{
     inference::Shared,
     policy::Workload,
     server::{self, OpenAi, RequestIdLayer},
-    shim::discovery::{self, DiscoveryConfig},
     signals,
 };
 use anyhow::Context as _;
+use kinference_proxy_discovery::{self as discovery, DiscoveryConfig};
 use std::{sync::Arc, time::Duration};
 use tokio::net::TcpListener;
 

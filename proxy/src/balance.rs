@@ -7,10 +7,8 @@
 //! FailClose refuses when prediction falls back, Shadow records the decision but sends the request
 //! where plain peak-EWMA power-of-two balancing over the requested model's pool would.
 
-use crate::{
-    policy::{FailureMode, Mode, Policy},
-    shim::discovery::Endpoints,
-};
+use crate::policy::{FailureMode, Mode, Policy};
+use kinference_proxy_discovery::Endpoints;
 use kinference_routing::{
     Decision, DispatchHandle, EndpointId, EndpointMeta, ModelName, PromptBlocks, Request, Router,
     RouterConfig, Scrape, Time,
@@ -132,7 +130,12 @@ impl Balance {
         }
         let mut desired: HashMap<EndpointId, (EndpointInfo, EndpointMeta)> = HashMap::new();
         for m in &policy.models {
-            for ep in endpoints.by_backend.get(&m.destination_path).into_iter().flatten() {
+            for ep in endpoints
+                .by_backend
+                .get(&m.destination_path)
+                .into_iter()
+                .flatten()
+            {
                 let id = EndpointId::from(ep.addr.to_string());
                 if desired.contains_key(&id) {
                     continue;
@@ -142,7 +145,12 @@ impl Balance {
                 meta.lora_adapters = ep
                     .labels
                     .get("lora_adapters")
-                    .map(|l| l.split(',').filter(|s| !s.is_empty()).map(Arc::from).collect())
+                    .map(|l| {
+                        l.split(',')
+                            .filter(|s| !s.is_empty())
+                            .map(Arc::from)
+                            .collect()
+                    })
                     .unwrap_or_default();
                 let info = EndpointInfo {
                     id: id.clone(),
@@ -251,9 +259,7 @@ impl Balance {
                 decision,
                 order: vec![],
                 mode,
-                refused: Some(
-                    "endpoint signals are stale and the policy fails closed".to_string(),
-                ),
+                refused: Some("endpoint signals are stale and the policy fails closed".to_string()),
             };
         }
         let chosen = decision.chosen.unwrap_or(0);
@@ -312,7 +318,12 @@ impl Balance {
     }
 
     /// Records the first token of a dispatched request; returns its TTFT.
-    pub fn first_token(&self, id: &EndpointId, handle: DispatchHandle, at: Instant) -> Option<Duration> {
+    pub fn first_token(
+        &self,
+        id: &EndpointId,
+        handle: DispatchHandle,
+        at: Instant,
+    ) -> Option<Duration> {
         let at = self.time_of(at);
         let mut g = self.inner.lock();
         let ttft = g.router.first_token(handle, at).ok()?;
@@ -401,7 +412,12 @@ fn p2c_inputs(inner: &Inner, id: &EndpointId, default_latency_s: f64, now: Time)
 }
 
 /// Shadow mode: power-of-two over the requested model's ready candidates, then the rest of them.
-fn plain_order(inner: &mut Inner, decision: &Decision, requested: &ModelName, now: Time) -> Vec<usize> {
+fn plain_order(
+    inner: &mut Inner,
+    decision: &Decision,
+    requested: &ModelName,
+    now: Time,
+) -> Vec<usize> {
     let pool: Vec<usize> = (0..decision.candidates.len())
         .filter(|&i| decision.candidates[i].model == *requested)
         .collect();
@@ -422,10 +438,8 @@ fn plain_order(inner: &mut Inner, decision: &Decision, requested: &ModelName, no
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        policy::tests::example_proto,
-        shim::discovery::{Endpoint, Endpoints},
-    };
+    use crate::policy::tests::example_proto;
+    use kinference_proxy_discovery::{Endpoint, Endpoints};
     use std::collections::BTreeMap;
 
     fn endpoints(ports: &[(&str, u16)]) -> Endpoints {
@@ -470,7 +484,10 @@ mod tests {
     fn sync_adds_and_removes_endpoints_per_backend() {
         let b = Balance::new();
         let p = policy(Mode::Enforce, FailureMode::FailOpen);
-        b.sync(&p, &endpoints(&[("glm-5.3", 1), ("glm-5.3", 2), ("qwen-3.6-27b", 3)]));
+        b.sync(
+            &p,
+            &endpoints(&[("glm-5.3", 1), ("glm-5.3", 2), ("qwen-3.6-27b", 3)]),
+        );
         let rx = b.subscribe();
         assert_eq!(rx.borrow().len(), 3);
         assert_eq!(
@@ -503,9 +520,15 @@ mod tests {
 
     #[test]
     fn fail_close_refuses_on_stale_signals_and_fail_open_routes() {
-        for (mode, refused) in [(FailureMode::FailClose, true), (FailureMode::FailOpen, false)] {
+        for (mode, refused) in [
+            (FailureMode::FailClose, true),
+            (FailureMode::FailOpen, false),
+        ] {
             let b = Balance::new();
-            b.sync(&policy(Mode::Enforce, mode), &endpoints(&[("glm-5.3", 1), ("glm-5.3", 2)]));
+            b.sync(
+                &policy(Mode::Enforce, mode),
+                &endpoints(&[("glm-5.3", 1), ("glm-5.3", 2)]),
+            );
             // No scrape ever arrived: the core falls back.
             let plan = b.plan("glm-5.3", &["glm-5.3".into()], 100, None, &blocks());
             assert!(plan.decision.reason.is_fallback());
@@ -531,7 +554,10 @@ mod tests {
             None,
             &blocks(),
         );
-        assert_eq!(plan.decision.chosen_model().map(|m| m.as_str()), Some("qwen-3.6-27b"));
+        assert_eq!(
+            plan.decision.chosen_model().map(|m| m.as_str()),
+            Some("qwen-3.6-27b")
+        );
         assert_eq!(plan.mode, Mode::Shadow);
         let sent: Vec<&str> = plan
             .order
@@ -544,14 +570,19 @@ mod tests {
     #[test]
     fn unready_endpoints_are_skipped_until_a_scrape() {
         let b = Balance::new();
-        b.sync(&policy(Mode::Enforce, FailureMode::FailOpen), &endpoints(&[("glm-5.3", 1)]));
+        b.sync(
+            &policy(Mode::Enforce, FailureMode::FailOpen),
+            &endpoints(&[("glm-5.3", 1)]),
+        );
         b.set_ready(&EndpointId::from("127.0.0.1:1"), false);
         let plan = b.plan("glm-5.3", &["glm-5.3".into()], 10, None, &blocks());
         assert!(plan.refused.is_some());
         fresh_scrape(&b, 1, 0);
         let plan = b.plan("glm-5.3", &["glm-5.3".into()], 10, None, &blocks());
         assert!(plan.refused.is_none());
-        let h = b.dispatch(&plan.decision, plan.order[0], &blocks()).unwrap();
+        let h = b
+            .dispatch(&plan.decision, plan.order[0], &blocks())
+            .unwrap();
         let id = EndpointId::from("127.0.0.1:1");
         assert!(b.first_token(&id, h, Instant::now()).is_some());
         b.complete(h);

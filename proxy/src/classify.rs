@@ -70,7 +70,10 @@ pub fn build(classifiers: &[api::Classifier]) -> ClassifierSet {
         match ClassifierSet::new(&def) {
             Ok(set) => return set,
             Err(error) => {
-                let Some(bad) = def.tags.iter().position(|t| error.to_string().contains(&format!("{:?}", t.name)))
+                let Some(bad) = def
+                    .tags
+                    .iter()
+                    .position(|t| error.to_string().contains(&format!("{:?}", t.name)))
                 else {
                     tracing::warn!(%error, "classifier definitions refused; classifying nothing");
                     return ClassifierSet::new(&ClassifierDefinition::default())
@@ -158,7 +161,10 @@ mod tests {
             text: "Please TRANSLATE this: ```x```",
         }];
         let tags = set.classify(Prompt::Chat(&turns));
-        assert_eq!(tags.get("translation").map(|t| t.value.as_str()), Some("true"));
+        assert_eq!(
+            tags.get("translation").map(|t| t.value.as_str()),
+            Some("true")
+        );
         assert_eq!(tags.get("code").map(|t| t.value.as_str()), Some("true"));
         assert!(tags.get("complexity").is_some());
         let plain = set.classify(Prompt::Completion("hello there"));

@@ -23,14 +23,26 @@ pub enum LogFormat {
 }
 
 #[derive(Clone, Debug, Parser)]
-#[command(name = "kinference-proxy", version, about = "The Kinference sidecar proxy")]
+#[command(
+    name = "kinference-proxy",
+    version,
+    about = "The Kinference sidecar proxy"
+)]
 pub struct Config {
     /// Where the application's OpenAI requests arrive (HTTP/1.1 and h2c); port 0 picks a free port.
-    #[arg(long, env = "KINFERENCE_PROXY_LISTEN_ADDR", default_value = "127.0.0.1:4140")]
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_LISTEN_ADDR",
+        default_value = "127.0.0.1:4140"
+    )]
     pub listen_addr: SocketAddr,
 
     /// The admin listener (`/metrics`, `/ready`, `/live`, `/debug/*`); loopback only by default.
-    #[arg(long, env = "KINFERENCE_PROXY_ADMIN_ADDR", default_value = "127.0.0.1:4191")]
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_ADMIN_ADDR",
+        default_value = "127.0.0.1:4191"
+    )]
     pub admin_addr: SocketAddr,
 
     /// The policy controller's gRPC address.
@@ -54,7 +66,11 @@ pub struct Config {
     pub workload: String,
 
     /// The workload's pod labels, `key=value`, for policy rules that select workloads by label.
-    #[arg(long = "workload-label", env = "KINFERENCE_PROXY_WORKLOAD_LABELS", value_delimiter = ',')]
+    #[arg(
+        long = "workload-label",
+        env = "KINFERENCE_PROXY_WORKLOAD_LABELS",
+        value_delimiter = ','
+    )]
     pub workload_labels: Vec<String>,
 
     /// Let the `x-kinference-tenant` request header name the tenant (off: the workload is the tenant).
@@ -71,30 +87,56 @@ pub struct Config {
     pub retry_budget: u32,
 
     /// How often each endpoint's `/metrics` is scraped, in milliseconds.
-    #[arg(long, env = "KINFERENCE_PROXY_SCRAPE_INTERVAL_MS", default_value_t = 100)]
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_SCRAPE_INTERVAL_MS",
+        default_value_t = 100
+    )]
     pub scrape_interval_ms: u64,
 
     /// The timeout of one scrape, in milliseconds.
-    #[arg(long, env = "KINFERENCE_PROXY_SCRAPE_TIMEOUT_MS", default_value_t = 250)]
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_SCRAPE_TIMEOUT_MS",
+        default_value_t = 250
+    )]
     pub scrape_timeout_ms: u64,
 
     /// How long to connect to an endpoint before trying the next one, in milliseconds.
-    #[arg(long, env = "KINFERENCE_PROXY_CONNECT_TIMEOUT_MS", default_value_t = 1_000)]
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_CONNECT_TIMEOUT_MS",
+        default_value_t = 1_000
+    )]
     pub connect_timeout_ms: u64,
 
     /// How long to wait for an endpoint's response headers, in milliseconds (0: no limit).
-    #[arg(long, env = "KINFERENCE_PROXY_RESPONSE_TIMEOUT_MS", default_value_t = 0)]
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_RESPONSE_TIMEOUT_MS",
+        default_value_t = 0
+    )]
     pub response_timeout_ms: u64,
 
     /// The protocol spoken to model servers.
-    #[arg(long, env = "KINFERENCE_PROXY_UPSTREAM_PROTOCOL", value_enum, default_value = "http1")]
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_UPSTREAM_PROTOCOL",
+        value_enum,
+        default_value = "http1"
+    )]
     pub upstream_protocol: UpstreamProtocol,
 
     /// How many recent decision records `/debug/decisions` keeps.
     #[arg(long, env = "KINFERENCE_PROXY_DECISION_RECORDS", default_value_t = 256)]
     pub decision_records: usize,
 
-    #[arg(long, env = "KINFERENCE_PROXY_LOG_FORMAT", value_enum, default_value = "json")]
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_LOG_FORMAT",
+        value_enum,
+        default_value = "json"
+    )]
     pub log_format: LogFormat,
 }
 

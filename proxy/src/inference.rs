@@ -11,7 +11,10 @@ use crate::{
     classify,
     decisions::{DecisionRecord, Decisions, TagRecord},
     dispatch::{Attempt, DispatchError, is_hop_by_hop},
-    metrics::{DecisionLabels, FallbackLabels, Metrics, PoolLabels, RequestLabels, RetryLabels, TenantLabels},
+    metrics::{
+        DecisionLabels, FallbackLabels, Metrics, PoolLabels, RequestLabels, RetryLabels,
+        TenantLabels,
+    },
     openai::{ApiError, InferenceRequest},
     policy::{Mode, Policy, Price, Workload},
     stream::{BoxError, Hooks, ObservedBody, Summary},
@@ -37,7 +40,9 @@ pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// A whole body.
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
-    Full::new(bytes.into()).map_err(|e| match e {}).boxed_unsync()
+    Full::new(bytes.into())
+        .map_err(|e| match e {})
+        .boxed_unsync()
 }
 
 /// An error response with the request id.
@@ -99,14 +104,23 @@ impl Shared {
     }
 
     /// The tags of a request's prompt, from the current policy's classifiers.
-    pub fn classify(&self, state: &PolicyState, req: &InferenceRequest) -> kinference_classify::Tags {
+    pub fn classify(
+        &self,
+        state: &PolicyState,
+        req: &InferenceRequest,
+    ) -> kinference_classify::Tags {
         let set = self
             .classifiers
             .get(&state.policy.revision, &state.proto.classifiers);
         req.with_classifier_prompt(|p| set.classify(p))
     }
 
-    fn answer_error(&self, labels: &RequestLabels, e: &ApiError, request_id: &str) -> http::Response<ProxyBody> {
+    fn answer_error(
+        &self,
+        labels: &RequestLabels,
+        e: &ApiError,
+        request_id: &str,
+    ) -> http::Response<ProxyBody> {
         self.metrics.requests.get_or_create(labels).inc();
         self.metrics.error(labels, e.status.as_str());
         tracing::info!(request_id, tenant = %labels.tenant, requested_model = %labels.requested_model, status = e.status.as_u16(), error = %e.message, "request refused");
@@ -197,9 +211,16 @@ fn reason_name(r: &Reason) -> &'static str {
     }
 }
 
-async fn route<S, B>(shared: Arc<Shared>, dispatch: S, req: ProxyRequest) -> http::Response<ProxyBody>
+async fn route<S, B>(
+    shared: Arc<Shared>,
+    dispatch: S,
+    req: ProxyRequest,
+) -> http::Response<ProxyBody>
 where
-    S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError> + Clone + Send + 'static,
+    S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send,
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::fmt::Display,
@@ -225,8 +246,15 @@ where
     };
     let t0 = Instant::now();
     let tags = shared.classify(&state, &request);
-    let Some(candidates) = state.policy.candidates(&request.model, &tags, &shared.workload) else {
-        return shared.answer_error(&labels, &ApiError::unknown_model(&request.model), &request_id);
+    let Some(candidates) = state
+        .policy
+        .candidates(&request.model, &tags, &shared.workload)
+    else {
+        return shared.answer_error(
+            &labels,
+            &ApiError::unknown_model(&request.model),
+            &request_id,
+        );
     };
     labels.requested_model = candidates.requested_model.clone();
     labels.service_class = candidates.service_class.clone();
@@ -258,7 +286,11 @@ where
         .inc();
     for c in &d.candidates {
         if c.prediction.reported_waiting.is_some() && !c.prediction.signals_fresh {
-            let pool = shared.balance.info(&c.endpoint).map(|i| i.pool).unwrap_or_default();
+            let pool = shared
+                .balance
+                .info(&c.endpoint)
+                .map(|i| i.pool)
+                .unwrap_or_default();
             m.stale_signals
                 .get_or_create(&PoolLabels {
                     pool,
@@ -268,7 +300,11 @@ where
         }
     }
     if d.reason.is_fallback() {
-        let failure_mode = if plan.refused.is_some() { "fail_close" } else { "fail_open" };
+        let failure_mode = if plan.refused.is_some() {
+            "fail_close"
+        } else {
+            "fail_open"
+        };
         m.fallbacks
             .get_or_create(&FallbackLabels {
                 tenant: tenant.clone(),
@@ -353,7 +389,10 @@ async fn attempt_all<S, B>(
     received_at: Instant,
 ) -> http::Response<ProxyBody>
 where
-    S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError> + Clone + Send + 'static,
+    S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send,
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::fmt::Display,
@@ -399,13 +438,18 @@ where
         match dispatch.clone().oneshot(attempt).await {
             Ok(rsp) => {
                 let status = rsp.status();
-                let retryable = status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS;
+                let retryable =
+                    status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS;
                 if retryable && !last_try {
                     if let Some(h) = handle {
                         shared.balance.complete(h);
                     }
                     tracing::info!(request_id, endpoint = %info.id, status = status.as_u16(), "retrying on the next-best endpoint");
-                    retry(if status == http::StatusCode::TOO_MANY_REQUESTS { "status_429" } else { "status_5xx" });
+                    retry(if status == http::StatusCode::TOO_MANY_REQUESTS {
+                        "status_429"
+                    } else {
+                        "status_5xx"
+                    });
                     last_error = Some(format!("{} answered {status}", info.id));
                     continue;
                 }
@@ -416,7 +460,10 @@ where
                     endpoint: info.id.clone(),
                     predicted_ttft_s: cand.prediction.predicted_ttft_s,
                     received_at,
-                    price: policy.model(&info.model).map(|m| m.price.clone()).unwrap_or_default(),
+                    price: policy
+                        .model(&info.model)
+                        .map(|m| m.price.clone())
+                        .unwrap_or_default(),
                     request_id: request_id.clone(),
                     status,
                 };
@@ -477,7 +524,15 @@ trait RetainHopByHop {
 impl RetainHopByHop for http::HeaderMap {
     /// Drops hop-by-hop headers (keeps `content-length`, which describes the body passed through).
     fn retain_hop_by_hop(&mut self) {
-        for h in ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"] {
+        for h in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "transfer-encoding",
+            "te",
+            "trailer",
+            "upgrade",
+        ] {
             self.remove(h);
         }
     }
@@ -532,11 +587,17 @@ impl Hooks for RequestHooks {
             .observe(e2e.as_secs_f64());
         if let Some(u) = summary.usage {
             m.prompt_tokens.get_or_create(l).inc_by(u.prompt_tokens);
-            m.cached_prompt_tokens.get_or_create(l).inc_by(u.cached_tokens);
-            m.completion_tokens.get_or_create(l).inc_by(u.completion_tokens);
-            m.cost_usd
+            m.cached_prompt_tokens
                 .get_or_create(l)
-                .inc_by(self.price.cost(u.prompt_tokens, u.cached_tokens, u.completion_tokens));
+                .inc_by(u.cached_tokens);
+            m.completion_tokens
+                .get_or_create(l)
+                .inc_by(u.completion_tokens);
+            m.cost_usd.get_or_create(l).inc_by(self.price.cost(
+                u.prompt_tokens,
+                u.cached_tokens,
+                u.completion_tokens,
+            ));
         }
         if !self.status.is_success() {
             m.error(l, self.status.as_str());
@@ -561,6 +622,7 @@ impl Hooks for RequestHooks {
 }
 
 /// Forwards another `/v1/*` request to the requested model's pool (plain balancing, with retries).
+#[allow(clippy::too_many_arguments)]
 pub async fn forward_other<S, B>(
     shared: Arc<Shared>,
     dispatch: S,
@@ -572,7 +634,10 @@ pub async fn forward_other<S, B>(
     received_at: Instant,
 ) -> http::Response<ProxyBody>
 where
-    S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError> + Clone + Send + 'static,
+    S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send,
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::fmt::Display,
@@ -584,7 +649,11 @@ where
         ..RequestLabels::default()
     };
     let Some(state) = shared.policy() else {
-        return shared.answer_error(&labels, &ApiError::unavailable("no inference policy has been received from the controller yet"), &request_id);
+        return shared.answer_error(
+            &labels,
+            &ApiError::unavailable("no inference policy has been received from the controller yet"),
+            &request_id,
+        );
     };
     let Some(target) = state.policy.resolve(&model).cloned() else {
         return shared.answer_error(&labels, &ApiError::unknown_model(&model), &request_id);
@@ -609,7 +678,9 @@ where
         match dispatch.clone().oneshot(attempt).await {
             Ok(rsp) => {
                 let status = rsp.status();
-                if (status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS) && i + 1 < n {
+                if (status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS)
+                    && i + 1 < n
+                {
                     last_error = Some(format!("{} answered {status}", info.id));
                     continue;
                 }

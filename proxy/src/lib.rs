@@ -21,7 +21,6 @@ pub mod metrics;
 pub mod openai;
 pub mod policy;
 pub mod server;
-pub mod shim;
 pub mod signals;
 pub mod stream;
 

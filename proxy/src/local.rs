@@ -69,7 +69,11 @@ impl Proc {
         quiet: bool,
     ) -> anyhow::Result<(Self, String)> {
         cmd.stdin(Stdio::null()).stdout(Stdio::piped());
-        cmd.stderr(if quiet { Stdio::null() } else { Stdio::inherit() });
+        cmd.stderr(if quiet {
+            Stdio::null()
+        } else {
+            Stdio::inherit()
+        });
         let mut child = cmd.spawn().with_context(|| format!("starting {name}"))?;
         let stdout = child.stdout.take().context("no stdout")?;
         let (tx, rx) = mpsc::channel();
@@ -134,13 +138,24 @@ pub struct Sim {
 }
 
 /// Starts a simulated replica of `profile` on a free port.
-pub fn spawn_sim(profile: &str, time_scale: f64, extra: &[String], quiet: bool) -> anyhow::Result<Sim> {
+pub fn spawn_sim(
+    profile: &str,
+    time_scale: f64,
+    extra: &[String],
+    quiet: bool,
+) -> anyhow::Result<Sim> {
     let bin = workspace_binary("kinference-vllm-sim", "vllm-sim")?;
     let mut cmd = Command::new(bin);
     cmd.args(["serve", "--profile", profile, "--port", "0", "--time-scale"])
         .arg(time_scale.to_string())
         .args(extra);
-    let (proc, line) = Proc::spawn(profile, cmd, "listening on ", Duration::from_secs(60), quiet)?;
+    let (proc, line) = Proc::spawn(
+        profile,
+        cmd,
+        "listening on ",
+        Duration::from_secs(60),
+        quiet,
+    )?;
     let addr = line
         .strip_prefix("listening on http://")
         .and_then(|r| r.split_whitespace().next())
@@ -155,7 +170,8 @@ pub fn spawn_sim(profile: &str, time_scale: f64, extra: &[String], quiet: bool) 
 }
 
 fn docs(path: &Path) -> anyhow::Result<Vec<Value>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     serde_yaml::Deserializer::from_str(&text)
         .map(|d| serde::Deserialize::deserialize(d).map_err(anyhow::Error::from))
         .filter(|d| !matches!(d, Ok(Value::Null)))
@@ -204,7 +220,11 @@ pub fn write_manifests(
                     };
                     // One slice per port, from the first slice of the model as a template.
                     if out.iter().any(|d: &Value| {
-                        d.get("metadata").and_then(|m| m.get("labels")).and_then(|l| l.get("kinference.io/model")).and_then(Value::as_str) == Some(model.as_str())
+                        d.get("metadata")
+                            .and_then(|m| m.get("labels"))
+                            .and_then(|l| l.get("kinference.io/model"))
+                            .and_then(Value::as_str)
+                            == Some(model.as_str())
                     }) {
                         continue;
                     }
@@ -255,12 +275,22 @@ pub struct Controller {
 }
 
 /// Starts the controller on `manifests`, listening on `grpc` (port 0 picks one).
-pub fn spawn_controller(manifests: &Path, grpc: SocketAddr, quiet: bool) -> anyhow::Result<Controller> {
-    let bin = workspace_binary("kinference-policy-controller", "kinference-policy-controller")?;
+pub fn spawn_controller(
+    manifests: &Path,
+    grpc: SocketAddr,
+    quiet: bool,
+) -> anyhow::Result<Controller> {
+    let bin = workspace_binary(
+        "kinference-policy-controller",
+        "kinference-policy-controller",
+    )?;
     let mut cmd = Command::new(bin);
-    cmd.arg("--manifests")
-        .arg(manifests)
-        .args(["--grpc-addr", &grpc.to_string(), "--admin-addr", "127.0.0.1:0"]);
+    cmd.arg("--manifests").arg(manifests).args([
+        "--grpc-addr",
+        &grpc.to_string(),
+        "--admin-addr",
+        "127.0.0.1:0",
+    ]);
     let (proc, line) = Proc::spawn(
         "controller",
         cmd,
@@ -284,7 +314,12 @@ pub struct Proxy {
 }
 
 /// Starts the proxy binary `bin` against the controller at `grpc`, with `extra` flags.
-pub fn spawn_proxy(bin: &Path, grpc: SocketAddr, extra: &[String], quiet: bool) -> anyhow::Result<Proxy> {
+pub fn spawn_proxy(
+    bin: &Path,
+    grpc: SocketAddr,
+    extra: &[String],
+    quiet: bool,
+) -> anyhow::Result<Proxy> {
     let mut cmd = Command::new(bin);
     cmd.args([
         "--listen-addr",
@@ -299,7 +334,13 @@ pub fn spawn_proxy(bin: &Path, grpc: SocketAddr, extra: &[String], quiet: bool) 
         "default/app",
     ])
     .args(extra);
-    let (proc, line) = Proc::spawn("proxy", cmd, "kinference-proxy ", Duration::from_secs(30), quiet)?;
+    let (proc, line) = Proc::spawn(
+        "proxy",
+        cmd,
+        "kinference-proxy ",
+        Duration::from_secs(30),
+        quiet,
+    )?;
     Ok(Proxy {
         listen: addr_field(&line, "listen")?,
         admin: addr_field(&line, "admin")?,
@@ -350,12 +391,20 @@ impl Stack {
         let mut sims = Vec::new();
         for (profile, n) in &opts.replicas {
             for _ in 0..*n {
-                sims.push(spawn_sim(profile, opts.time_scale, &opts.sim_args, opts.quiet)?);
+                sims.push(spawn_sim(
+                    profile,
+                    opts.time_scale,
+                    &opts.sim_args,
+                    opts.quiet,
+                )?);
             }
         }
         let mut ports: BTreeMap<String, Vec<u16>> = BTreeMap::new();
         for s in &sims {
-            ports.entry(s.model.clone()).or_default().push(s.addr.port());
+            ports
+                .entry(s.model.clone())
+                .or_default()
+                .push(s.addr.port());
         }
         let manifests = tempfile::tempdir().context("creating the manifest directory")?;
         write_manifests(

@@ -85,7 +85,9 @@ fn latency_histogram() -> Histogram {
 }
 
 fn itl_histogram() -> Histogram {
-    Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28])
+    Histogram::new([
+        0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28,
+    ])
 }
 
 fn decision_histogram() -> Histogram {
@@ -188,7 +190,11 @@ impl Metrics {
             prediction_error_seconds.clone(),
         );
         let decisions = Family::default();
-        r.register("decisions", "Routing decisions by reason", decisions.clone());
+        r.register(
+            "decisions",
+            "Routing decisions by reason",
+            decisions.clone(),
+        );
         let fallbacks = Family::default();
         r.register(
             "fallbacks",
@@ -279,7 +285,10 @@ mod tests {
         assert!(text.contains(r#"kinference_proxy_requests_total{tenant="team-a/chat",requested_model="glm-5.3",served_model="qwen-3.6-27b",pool="qwen-3.6-27b",service_class="Standard"} 1"#), "{text}");
         assert!(text.contains("kinference_proxy_cost_usd_total{"), "{text}");
         assert!(text.contains(r#"status="503"} 1"#), "{text}");
-        assert!(text.contains("kinference_proxy_ttft_seconds_bucket{"), "{text}");
+        assert!(
+            text.contains("kinference_proxy_ttft_seconds_bucket{"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"));
     }
 }

@@ -142,7 +142,10 @@ impl Policy {
             .map(|a| (a.name.clone(), a.target.clone()))
             .collect();
         let rules = p.rules.iter().map(Rule::from_proto).collect();
-        let balancer = p.balancer.as_ref().map_or_else(Balancer::default, balancer_from_proto);
+        let balancer = p
+            .balancer
+            .as_ref()
+            .map_or_else(Balancer::default, balancer_from_proto);
         let status_message = p
             .status
             .as_ref()
@@ -196,8 +199,14 @@ impl Policy {
 fn model_from_proto(m: &api::Model) -> Model {
     let defaults = ModelPrior::default();
     let prior = m.prior.as_ref().map_or(defaults, |p| ModelPrior {
-        prefill_tokens_per_second: positive_or(p.prefill_tokens_per_second, defaults.prefill_tokens_per_second),
-        time_per_output_token_s: positive_or(p.time_per_output_token_s, defaults.time_per_output_token_s),
+        prefill_tokens_per_second: positive_or(
+            p.prefill_tokens_per_second,
+            defaults.prefill_tokens_per_second,
+        ),
+        time_per_output_token_s: positive_or(
+            p.time_per_output_token_s,
+            defaults.time_per_output_token_s,
+        ),
         ..defaults
     });
     let price = m.price.as_ref().map_or_else(Price::default, |p| Price {
@@ -213,7 +222,9 @@ fn model_from_proto(m: &api::Model) -> Model {
         } else {
             m.served_name.clone()
         },
-        destination_path: backend.map(|b| b.destination_path.clone()).unwrap_or_default(),
+        destination_path: backend
+            .map(|b| b.destination_path.clone())
+            .unwrap_or_default(),
         pool: backend
             .and_then(|b| b.pool.as_ref())
             .map(|p| p.name.clone())
@@ -286,7 +297,10 @@ pub(crate) mod tests {
         };
         api::InferencePolicy {
             revision: "r1".into(),
-            models: vec![model("glm-5.3", 12000.0, 0.6), model("qwen-3.6-27b", 6000.0, 0.2)],
+            models: vec![
+                model("glm-5.3", 12000.0, 0.6),
+                model("qwen-3.6-27b", 6000.0, 0.2),
+            ],
             aliases: vec![api::Alias {
                 name: "default".into(),
                 target: "glm-5.3".into(),
@@ -354,8 +368,14 @@ pub(crate) mod tests {
         p.aliases.insert("stable".into(), "default".into());
         p.aliases.insert("a".into(), "b".into());
         p.aliases.insert("b".into(), "a".into());
-        assert_eq!(p.resolve("stable").map(|m| m.name.as_str()), Some("glm-5.3"));
-        assert_eq!(p.resolve("glm-5.3").map(|m| m.name.as_str()), Some("glm-5.3"));
+        assert_eq!(
+            p.resolve("stable").map(|m| m.name.as_str()),
+            Some("glm-5.3")
+        );
+        assert_eq!(
+            p.resolve("glm-5.3").map(|m| m.name.as_str()),
+            Some("glm-5.3")
+        );
         assert!(p.resolve("a").is_none());
         assert!(p.resolve("gpt-4").is_none());
     }

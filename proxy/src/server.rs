@@ -117,8 +117,10 @@ impl<S> OpenAi<S> {
     where
         S: Clone,
     {
-        let inference =
-            tower::Layer::layer(&inference::InferenceLayer::new(shared.clone()), dispatch.clone());
+        let inference = tower::Layer::layer(
+            &inference::InferenceLayer::new(shared.clone()),
+            dispatch.clone(),
+        );
         Self {
             shared,
             inference,
@@ -246,11 +248,16 @@ impl<S> OpenAi<S> {
                 Some(state) if state.policy.resolve(id).is_some() => {
                     let body = serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "kinference"});
                     let mut rsp = http::Response::new(full(body.to_string()));
-                    rsp.headers_mut().insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+                    rsp.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/json"),
+                    );
                     rsp
                 }
                 Some(_) => refuse(ApiError::unknown_model(id)),
-                None => refuse(ApiError::unavailable("no inference policy has been received from the controller yet")),
+                None => refuse(ApiError::unavailable(
+                    "no inference policy has been received from the controller yet",
+                )),
             };
         }
         let has_body = method == Method::POST || method == Method::PUT || method == Method::PATCH;
@@ -309,7 +316,9 @@ impl<S> OpenAi<S> {
                 let Some(model) = model else {
                     return refuse(ApiError::bad_field(
                         "model",
-                        format!("{path} is forwarded to a model's pool: the JSON body must name `model`"),
+                        format!(
+                            "{path} is forwarded to a model's pool: the JSON body must name `model`"
+                        ),
                     ));
                 };
                 inference::forward_other(
@@ -331,8 +340,11 @@ impl<S> OpenAi<S> {
 /// Serves the outbound listener until the task is dropped.
 pub async fn serve<S>(listener: TcpListener, service: S)
 where
-    S: tower::Service<http::Request<Incoming>, Response = http::Response<ProxyBody>, Error = Infallible>
-        + Clone
+    S: tower::Service<
+            http::Request<Incoming>,
+            Response = http::Response<ProxyBody>,
+            Error = Infallible,
+        > + Clone
         + Send
         + 'static,
     S::Future: Send + 'static,

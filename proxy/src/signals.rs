@@ -9,10 +9,17 @@
 use crate::{
     balance::{Balance, EndpointInfo},
     metrics::{Metrics, PoolLabels},
-    shim::signals::{Scraper, VllmMetrics},
 };
-use kinference_routing::{EndpointId, Scrape, endpoint::{CacheConfig, PrefixCacheCounters}};
-use std::{collections::HashMap, sync::Arc, time::{Duration, Instant}};
+use kinference_proxy_signals::{Scraper, VllmMetrics};
+use kinference_routing::{
+    EndpointId, Scrape,
+    endpoint::{CacheConfig, PrefixCacheCounters},
+};
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 use tokio::task::JoinHandle;
 
 /// Converts a parsed vLLM scrape into the router's scrape.

@@ -153,7 +153,10 @@ impl<B> ObservedBody<B> {
 /// The end of the first complete SSE event: (its length, the separator's length).
 fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
     let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4));
+    let crlf = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4));
     match (lf, crlf) {
         (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
         (a, b) => a.or(b),
@@ -271,8 +274,10 @@ mod tests {
     }
 
     type Chunks = Vec<Result<Frame<Bytes>, std::io::Error>>;
+    type TestBody =
+        StreamBody<stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, std::io::Error>>>>;
 
-    fn body(chunks: Chunks) -> StreamBody<stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, std::io::Error>>>> {
+    fn body(chunks: Chunks) -> TestBody {
         StreamBody::new(stream::iter(chunks))
     }
 
@@ -287,7 +292,9 @@ mod tests {
             data("data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n"),
             data("\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choi"),
             data("ces\":[{\"delta\":{\"content\":\"b\"}}]}\r\n\r\n"),
-            data("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\ndata: [DONE]\n\n"),
+            data(
+                "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\ndata: [DONE]\n\n",
+            ),
         ];
         let expected: Vec<u8> = chunks
             .iter()

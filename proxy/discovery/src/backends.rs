@@ -6,8 +6,7 @@
 
 use kinference_proxy_api::inference::InferencePolicy;
 use linkerd2_proxy_api::outbound::{
-    self, OutboundPolicy, backend, grpc_route, http_route, opaque_route, proxy_protocol,
-    tls_route,
+    self, OutboundPolicy, backend, grpc_route, http_route, opaque_route, proxy_protocol, tls_route,
 };
 use std::collections::BTreeSet;
 

@@ -20,7 +20,11 @@ impl Backoff {
     pub fn new(min: Duration, max: Duration) -> Self {
         let min = min.max(Duration::from_millis(1));
         let max = max.max(min);
-        Self { min, max, step: min }
+        Self {
+            min,
+            max,
+            step: min,
+        }
     }
 
     /// The next delay, in `[step / 2, step]` (never below `min`), and doubles the step.

@@ -133,7 +133,7 @@ async fn watch_backend(
                 publish(&endpoints, &path, Vec::new());
                 health.set(key.clone(), true);
             }
-            _ => { health.set(key.clone(), false); publish(&endpoints, &path, Vec::new()); }
+            _ => health.set(key.clone(), false),
         }
         let delay = backoff.next_delay();
         tracing::info!(%path, code = ?status.code(), message = status.message(), retry_in_ms = delay.as_millis() as u64, "destination stream failed; keeping the last endpoints");

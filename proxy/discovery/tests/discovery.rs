@@ -102,9 +102,7 @@ async fn policies_and_endpoints_arrive_and_follow_changes() {
         assert_eq!(
             targets[0].target,
             Some(
-                kinference_proxy_api::inference::inference_target::Target::Authority(
-                    TARGET.into()
-                )
+                kinference_proxy_api::inference::inference_target::Target::Authority(TARGET.into())
             )
         );
     }
@@ -155,7 +153,11 @@ async fn controller_outage_keeps_last_state_and_reconverges_on_the_same_port() {
     let server = Server::start(script.clone(), "127.0.0.1:0".parse().unwrap());
     let addr = server.addr;
     let mut d = spawn(config(addr));
-    converge(&mut d, BTreeMap::from([(GLM.to_string(), expected(&before))])).await;
+    converge(
+        &mut d,
+        BTreeMap::from([(GLM.to_string(), expected(&before))]),
+    )
+    .await;
     wait_for(&mut d.connected, "connected", |c| *c).await;
 
     // Record every endpoint set published from here on: GLM must never be empty or missing.
@@ -226,7 +228,11 @@ async fn controller_outage_keeps_last_state_and_reconverges_on_the_same_port() {
         .pools
         .send_replace(BTreeMap::from([(GLM.to_string(), pool(&after))]));
     let server = Server::start(script.clone(), addr);
-    converge(&mut d, BTreeMap::from([(GLM.to_string(), expected(&after))])).await;
+    converge(
+        &mut d,
+        BTreeMap::from([(GLM.to_string(), expected(&after))]),
+    )
+    .await;
     wait_for(&mut d.inference, "new policy", |p| {
         p.as_ref().is_some_and(|p| p.revision == "2")
     })
@@ -280,19 +286,29 @@ async fn a_backend_removed_from_policy_stops_its_destination_watch() {
     script
         .inference
         .send_replace(Some(inference_policy("2", &[("glm-5.3", GLM)])));
-    wait_for(&mut active, "QWEN's stream closed", |a| a.get(QWEN) == Some(&0)).await;
+    wait_for(&mut active, "QWEN's stream closed", |a| {
+        a.get(QWEN) == Some(&0)
+    })
+    .await;
     converge(
         &mut d,
         BTreeMap::from([(GLM.to_string(), expected(&[("10.0.0.1:8000", "glm-0")]))]),
     )
     .await;
-    assert_eq!(script.active.borrow().get(GLM), Some(&1), "GLM's watch stays");
+    assert_eq!(
+        script.active.borrow().get(GLM),
+        Some(&1),
+        "GLM's watch stays"
+    );
 
     // A backend named only by the outbound policy is watched too.
     script
         .outbound
         .send_replace(Some(outbound_policy("http", &[GLM, QWEN])));
-    wait_for(&mut active, "QWEN watched again", |a| a.get(QWEN) == Some(&1)).await;
+    wait_for(&mut active, "QWEN watched again", |a| {
+        a.get(QWEN) == Some(&1)
+    })
+    .await;
     converge(
         &mut d,
         BTreeMap::from([

@@ -54,6 +54,9 @@ pub struct PredictConfig {
     pub correction_max: f64,
     /// Decay time constant of the correction peak-EWMA.
     pub correction_tau: Duration,
+    /// Whether the correction believes a slow observation at once (peak-EWMA) or blends it like
+    /// any other (a time-weighted EWMA).
+    pub correction_peak: bool,
     /// Weight of one new prefill-rate sample.
     pub rate_alpha: f64,
     /// Requests with fewer uncached tokens do not teach the prefill rate (too much noise).
@@ -78,6 +81,7 @@ impl Default for PredictConfig {
             correction_min: 0.5,
             correction_max: 4.0,
             correction_tau: crate::ewma::DEFAULT_TAU,
+            correction_peak: true,
             rate_alpha: 0.2,
             rate_min_sample_tokens: 64,
             rate_max_step_factor: 10.0,

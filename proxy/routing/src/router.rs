@@ -238,7 +238,11 @@ impl Router {
             inflight: InFlight::default(),
             rate: PrefillRate::new(&prior),
             service: ServiceTime::default(),
-            correction: PeakEwma::new(1.0, 1.0, self.config.predict.correction_tau, now),
+            correction: if self.config.predict.correction_peak {
+                PeakEwma::new(1.0, 1.0, self.config.predict.correction_tau, now)
+            } else {
+                PeakEwma::symmetric(1.0, 1.0, self.config.predict.correction_tau, now)
+            },
             latency: PeakEwma::new(0.0, 0.0, self.config.latency_tau, now),
             precise: None,
             pending_prompts: Vec::new(),

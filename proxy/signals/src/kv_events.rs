@@ -238,10 +238,12 @@ fn handle(
         }
     }
     *last_seq = Some(seq);
-    out.push(decode_batch(payload).map_err(|message| KvEventError::Decode {
-        seq: Some(seq),
-        message,
-    }));
+    out.push(
+        decode_batch(payload).map_err(|message| KvEventError::Decode {
+            seq: Some(seq),
+            message,
+        }),
+    );
     out
 }
 
@@ -296,7 +298,9 @@ fn decode_event(v: &Value) -> Result<Option<KvEvent>, String> {
     };
     let on_gpu = |i, name| match get(i, name) {
         None | Some(Value::Nil) => true,
-        Some(m) => m.as_str().is_some_and(|m| m.eq_ignore_ascii_case(MEDIUM_GPU)),
+        Some(m) => m
+            .as_str()
+            .is_some_and(|m| m.eq_ignore_ascii_case(MEDIUM_GPU)),
     };
     match tag {
         "BlockStored" => {

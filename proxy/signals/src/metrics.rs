@@ -43,11 +43,14 @@ pub enum ParseError {
     NoVllmMetrics,
 }
 
+/// Parsed labels, in exposition order.
+type Labels<'a> = Vec<(&'a str, Cow<'a, str>)>;
+
 /// One sample line.
 #[derive(Debug, PartialEq)]
 struct Sample<'a> {
     name: &'a str,
-    labels: Vec<(&'a str, Cow<'a, str>)>,
+    labels: Labels<'a>,
     value: f64,
 }
 
@@ -83,7 +86,8 @@ impl Renamed {
     }
 
     fn mean(&self) -> Option<f64> {
-        self.values().map(|v| v.iter().sum::<f64>() / v.len() as f64)
+        self.values()
+            .map(|v| v.iter().sum::<f64>() / v.len() as f64)
     }
 }
 
@@ -125,9 +129,7 @@ pub fn parse_vllm_metrics(text: &str) -> Result<VllmMetrics, ParseError> {
             "vllm:gpu_prefix_cache_hits_total" | "vllm:gpu_prefix_cache_hits" => {
                 Some(&mut hits.old)
             }
-            "vllm:num_preemptions_total" | "vllm:num_preemptions" => {
-                Some(&mut preemptions.current)
-            }
+            "vllm:num_preemptions_total" | "vllm:num_preemptions" => Some(&mut preemptions.current),
             "vllm:cache_config_info" => {
                 seen = true;
                 let engine = sample.label("engine").unwrap_or_default().to_string();
@@ -230,7 +232,7 @@ fn parse_sample(line: &str) -> Result<Sample<'_>, &'static str> {
 }
 
 /// Parses labels up to and including the closing brace; returns them and what follows.
-fn parse_labels(mut s: &str) -> Result<(Vec<(&str, Cow<'_, str>)>, &str), &'static str> {
+fn parse_labels(mut s: &str) -> Result<(Labels<'_>, &str), &'static str> {
     let mut labels = Vec::new();
     loop {
         s = s.trim_start();
@@ -246,7 +248,9 @@ fn parse_labels(mut s: &str) -> Result<(Vec<(&str, Cow<'_, str>)>, &str), &'stat
         }
         let key = &s[..end];
         s = s[end..].trim_start();
-        s = s.strip_prefix('=').ok_or("a label name must be followed by =")?;
+        s = s
+            .strip_prefix('=')
+            .ok_or("a label name must be followed by =")?;
         s = s.trim_start();
         s = s.strip_prefix('"').ok_or("a label value must be quoted")?;
         let (value, rest) = parse_quoted(s)?;

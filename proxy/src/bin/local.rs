@@ -10,7 +10,10 @@ use kinference_proxy::local::{Stack, StackOptions, target_dir, workspace_root};
 use std::process::Command;
 
 #[derive(Debug, Parser)]
-#[command(name = "kinference-local", about = "Controller, simulated vLLM fleet and proxy on loopback")]
+#[command(
+    name = "kinference-local",
+    about = "Controller, simulated vLLM fleet and proxy on loopback"
+)]
 struct Args {
     /// Replicas per model.
     #[arg(long, default_value_t = 2)]
@@ -28,9 +31,18 @@ fn main() -> anyhow::Result<()> {
         .current_dir(workspace_root())
         .args([
             "build",
-            "-p", "kinference-proxy", "--bin", "kinference-proxy",
-            "-p", "kinference-policy-controller", "--bin", "kinference-policy-controller",
-            "-p", "kinference-vllm-sim", "--bin", "vllm-sim",
+            "-p",
+            "kinference-proxy",
+            "--bin",
+            "kinference-proxy",
+            "-p",
+            "kinference-policy-controller",
+            "--bin",
+            "kinference-policy-controller",
+            "-p",
+            "kinference-vllm-sim",
+            "--bin",
+            "vllm-sim",
         ])
         .status()
         .context("running cargo build")?;
@@ -50,18 +62,31 @@ fn main() -> anyhow::Result<()> {
     println!("Kinference is running on loopback.");
     println!("  OpenAI base URL:  http://{}/v1", stack.proxy.listen);
     println!("  metrics:          http://{}/metrics", stack.proxy.admin);
-    println!("  decisions:        http://{}/debug/decisions", stack.proxy.admin);
-    println!("  endpoints:        http://{}/debug/endpoints", stack.proxy.admin);
+    println!(
+        "  decisions:        http://{}/debug/decisions",
+        stack.proxy.admin
+    );
+    println!(
+        "  endpoints:        http://{}/debug/endpoints",
+        stack.proxy.admin
+    );
     println!("  controller gRPC:  {}", stack.controller.grpc);
     for s in &stack.sims {
         println!("  {} replica:   http://{}", s.model, s.addr);
     }
     println!();
-    println!("Try: curl http://{}/v1/chat/completions -H 'content-type: application/json' \\", stack.proxy.listen);
-    println!("       -d '{{\"model\":\"glm-5.3\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hi!\"}}]}}'");
+    println!(
+        "Try: curl http://{}/v1/chat/completions -H 'content-type: application/json' \\",
+        stack.proxy.listen
+    );
+    println!(
+        "       -d '{{\"model\":\"glm-5.3\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hi!\"}}]}}'"
+    );
     println!("Press Ctrl-C to stop.");
     let (tx, rx) = std::sync::mpsc::channel();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     std::thread::spawn(move || {
         rt.block_on(async {
             let _ = tokio::signal::ctrl_c().await;

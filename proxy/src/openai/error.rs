@@ -105,8 +105,12 @@ impl ApiError {
 
     /// 503: no endpoint can serve the request (none ready, policy refuses to guess, or all failed).
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", message)
-            .with_code("no_endpoint")
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            message,
+        )
+        .with_code("no_endpoint")
     }
 
     /// 502: every attempt failed.

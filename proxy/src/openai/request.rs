@@ -181,7 +181,9 @@ fn role_name(role: Role) -> &'static str {
 fn parse_max_tokens(param: &'static str, v: &Value) -> Result<u32, ApiError> {
     v.as_u64()
         .and_then(|n| u32::try_from(n).ok())
-        .ok_or_else(|| ApiError::bad_field(param, format!("`{param}` must be a non-negative integer")))
+        .ok_or_else(|| {
+            ApiError::bad_field(param, format!("`{param}` must be a non-negative integer"))
+        })
 }
 
 fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatTurn>, ApiError> {
@@ -189,7 +191,10 @@ fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatTurn>, ApiError> {
         return Err(ApiError::bad_field("messages", "`messages` is required"));
     };
     let Some(items) = v.as_array() else {
-        return Err(ApiError::bad_field("messages", "`messages` must be an array"));
+        return Err(ApiError::bad_field(
+            "messages",
+            "`messages` must be an array",
+        ));
     };
     if items.is_empty() {
         return Err(ApiError::bad_field(
@@ -347,26 +352,50 @@ mod tests {
         let cases: &[(&str, Option<&str>)] = &[
             ("not json", None),
             ("[1,2]", None),
-            (r#"{"messages":[{"role":"user","content":"x"}]}"#, Some("model")),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}]}"#,
+                Some("model"),
+            ),
             (r#"{"model":7,"messages":[]}"#, Some("model")),
             (r#"{"model":" ","messages":[]}"#, Some("model")),
             (r#"{"model":"m"}"#, Some("messages")),
             (r#"{"model":"m","messages":{}}"#, Some("messages")),
             (r#"{"model":"m","messages":[]}"#, Some("messages")),
-            (r#"{"model":"m","messages":[{"content":"x"}]}"#, Some("messages")),
-            (r#"{"model":"m","messages":[{"role":"wizard","content":"x"}]}"#, Some("messages")),
-            (r#"{"model":"m","messages":[{"role":"user","content":5}]}"#, Some("messages")),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#, Some("stream")),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#, Some("max_tokens")),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1.5}"#, Some("max_tokens")),
+            (
+                r#"{"model":"m","messages":[{"content":"x"}]}"#,
+                Some("messages"),
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"wizard","content":"x"}]}"#,
+                Some("messages"),
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":5}]}"#,
+                Some("messages"),
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#,
+                Some("stream"),
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#,
+                Some("max_tokens"),
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1.5}"#,
+                Some("max_tokens"),
+            ),
         ];
         for (body, param) in cases {
             let e = chat(body).expect_err(body);
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{body}");
             assert_eq!(e.param, *param, "{body}");
         }
-        let e = InferenceRequest::parse(Endpoint::Completion, Bytes::from_static(br#"{"model":"m"}"#))
-            .unwrap_err();
+        let e = InferenceRequest::parse(
+            Endpoint::Completion,
+            Bytes::from_static(br#"{"model":"m"}"#),
+        )
+        .unwrap_err();
         assert_eq!(e.param, Some("prompt"));
         let e = InferenceRequest::parse(
             Endpoint::Completion,

@@ -115,11 +115,14 @@ impl Rule {
 
     fn matches(&self, requested: &str, model: &Model, tags: &Tags, workload: &Workload) -> bool {
         let model_ok = self.models.is_empty()
-            || self.models.iter().any(|m| m == requested || *m == model.name);
+            || self
+                .models
+                .iter()
+                .any(|m| m == requested || *m == model.name);
         let tags_ok = self.tags.iter().all(|t| {
             tags.get(&t.name).is_some_and(|tag| {
                 tag.confidence >= t.min_confidence
-                    && (t.values.is_empty() || t.values.iter().any(|v| *v == tag.value))
+                    && (t.values.is_empty() || t.values.contains(&tag.value))
             })
         });
         let workload_ok =
@@ -335,10 +338,22 @@ mod tests {
         ];
         let p = policy_with(vec![r]);
         let class = |t: &Tags| p.candidates("glm-5.3", t, &app()).unwrap().service_class;
-        assert_eq!(class(&tags(&[("code", "true", 0.9), ("lang", "fr", 0.1)])), "Critical");
-        assert_eq!(class(&tags(&[("code", "true", 0.9), ("lang", "de", 0.9)])), DEFAULT_SERVICE_CLASS);
-        assert_eq!(class(&tags(&[("code", "true", 0.9)])), DEFAULT_SERVICE_CLASS);
-        assert_eq!(class(&tags(&[("code", "true", 0.2), ("lang", "en", 1.0)])), DEFAULT_SERVICE_CLASS);
+        assert_eq!(
+            class(&tags(&[("code", "true", 0.9), ("lang", "fr", 0.1)])),
+            "Critical"
+        );
+        assert_eq!(
+            class(&tags(&[("code", "true", 0.9), ("lang", "de", 0.9)])),
+            DEFAULT_SERVICE_CLASS
+        );
+        assert_eq!(
+            class(&tags(&[("code", "true", 0.9)])),
+            DEFAULT_SERVICE_CLASS
+        );
+        assert_eq!(
+            class(&tags(&[("code", "true", 0.2), ("lang", "en", 1.0)])),
+            DEFAULT_SERVICE_CLASS
+        );
     }
 
     #[test]

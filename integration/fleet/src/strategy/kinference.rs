@@ -80,6 +80,7 @@ impl Kinference {
         if let Some(v) = std::env::var("KINF_CMAX").ok().and_then(|v| v.parse().ok()) { cfg.predict.correction_max = v; }
         if let Some(v) = std::env::var("KINF_CMIN").ok().and_then(|v| v.parse().ok()) { cfg.predict.correction_min = v; }
         if let Some(v) = std::env::var("KINF_QW").ok().and_then(|v| v.parse().ok()) { cfg.predict.queue_cost_weight = v; }
+        if std::env::var_os("KINF_SYM").is_some() { cfg.predict.correction_peak = false; }
         let mut router = routing::Router::new(cfg);
         let mut ids = Vec::new();
         let mut models = Vec::new();

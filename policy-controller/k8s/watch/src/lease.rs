@@ -135,9 +135,9 @@ impl LeaseElector {
                 false
             }
             // An API error: keep leading until the renew deadline passes.
-            Err(_) => self.renewed_at.is_some_and(|at| {
-                now.duration_since(at) < signed(self.config.renew_deadline)
-            }),
+            Err(_) => self
+                .renewed_at
+                .is_some_and(|at| now.duration_since(at) < signed(self.config.renew_deadline)),
         };
         if !leads {
             self.renewed_at = None;

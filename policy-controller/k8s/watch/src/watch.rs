@@ -127,7 +127,10 @@ impl Sink {
         }
         self.inputs.replace(&gone, listed);
         if !gone.is_empty() {
-            tracing::debug!(deleted = gone.len(), "relist removed objects deleted while unwatched");
+            tracing::debug!(
+                deleted = gone.len(),
+                "relist removed objects deleted while unwatched"
+            );
         }
         *known = listed_keys;
     }

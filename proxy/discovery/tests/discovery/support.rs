@@ -22,8 +22,8 @@ use std::{
 use tokio::sync::{oneshot, watch};
 use tonic::{Request, Response, Status};
 
-pub const GLM: &str = "glm.default.inferencepool.inference.networking.k8s.io";
-pub const QWEN: &str = "qwen.default.inferencepool.inference.networking.k8s.io";
+pub const GLM: &str = "glm-5.3.default.inferencepool.kinference.io";
+pub const QWEN: &str = "qwen-3.6-27b.default.inferencepool.kinference.io";
 pub const TARGET: &str = "llm.default.svc.cluster.local:80";
 
 /// Endpoints by path: address to pod name.
@@ -136,10 +136,7 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 struct Svc(Arc<Script>);
 
 fn watch_some<T: Clone + Send + Sync + 'static>(rx: watch::Receiver<Option<T>>) -> BoxStream<T> {
-    Box::pin(
-        tokio_stream::wrappers::WatchStream::new(rx)
-            .filter_map(|v| async move { v.map(Ok) }),
-    )
+    Box::pin(tokio_stream::wrappers::WatchStream::new(rx).filter_map(|v| async move { v.map(Ok) }))
 }
 
 #[tonic::async_trait]
@@ -232,10 +229,18 @@ fn diff(
         })),
     };
     let Some(prev) = prev else {
-        return vec![if next.is_empty() { no_endpoints } else { add(next) }];
+        return vec![if next.is_empty() {
+            no_endpoints
+        } else {
+            add(next)
+        }];
     };
     if next.is_empty() {
-        return if prev.is_empty() { vec![] } else { vec![no_endpoints] };
+        return if prev.is_empty() {
+            vec![]
+        } else {
+            vec![no_endpoints]
+        };
     }
     let mut msgs = Vec::new();
     let removed: Vec<_> = prev.keys().filter(|a| !next.contains_key(*a)).collect();

@@ -167,5 +167,8 @@ fn sequence_gaps_and_restarts_are_reported_before_the_batch() {
     );
 
     let out = handle(frames("kv", 1, b"\xc1".to_vec()), &mut last);
-    assert!(matches!(out[..], [Err(KvEventError::Decode { seq: Some(1), .. })]));
+    assert!(matches!(
+        out[..],
+        [Err(KvEventError::Decode { seq: Some(1), .. })]
+    ));
 }

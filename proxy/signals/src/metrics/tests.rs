@@ -100,7 +100,8 @@ fn old_names() {
 
 #[test]
 fn current_name_wins_when_both_appear() {
-    let text = "vllm:gpu_cache_usage_perc{engine=\"0\"} 0.9\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.2\n";
+    let text =
+        "vllm:gpu_cache_usage_perc{engine=\"0\"} 0.9\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.2\n";
     assert_eq!(parse_vllm_metrics(text).unwrap().kv_cache_usage, Some(0.2));
 }
 
@@ -124,7 +125,11 @@ vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="1200"} 1.0
     let m = parse_vllm_metrics(text).unwrap();
     assert_eq!(m.num_requests_running, Some(7.0));
     assert_eq!(m.num_requests_waiting, Some(4.0));
-    assert_eq!(m.kv_cache_usage, Some(0.5), "a fraction is averaged, not summed");
+    assert_eq!(
+        m.kv_cache_usage,
+        Some(0.5),
+        "a fraction is averaged, not summed"
+    );
     assert_eq!(m.prefix_cache_queries_tokens, Some(400.0));
     assert_eq!(m.prefix_cache_hits_tokens, Some(40.0));
     assert_eq!(m.num_preemptions, Some(5.0));

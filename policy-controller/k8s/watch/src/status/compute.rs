@@ -131,7 +131,12 @@ where
         .collect()
 }
 
-fn exists(objects: &BTreeMap<ResourceKey, Resource>, kind: ResourceKind, ns: &str, name: &str) -> bool {
+fn exists(
+    objects: &BTreeMap<ResourceKey, Resource>,
+    kind: ResourceKind,
+    ns: &str,
+    name: &str,
+) -> bool {
     objects.contains_key(&ResourceKey {
         kind,
         namespace: ns.to_string(),
@@ -202,8 +207,17 @@ fn policy(
         .is_some_and(|kind| !target.name.is_empty() && !exists(objects, kind, ns, &target.name));
 
     let resolved = if target_missing {
-        let message = format!("spec.targetRef: {} {ns}/{} not found", target.kind, target.name);
-        condition(CONDITION_RESOLVED_REFS, false, "TargetNotFound", &message, generation)
+        let message = format!(
+            "spec.targetRef: {} {ns}/{} not found",
+            target.kind, target.name
+        );
+        condition(
+            CONDITION_RESOLVED_REFS,
+            false,
+            "TargetNotFound",
+            &message,
+            generation,
+        )
     } else if let Some(first) = unresolved.first() {
         let reason = if first.field.ends_with(".poolRef.name") {
             "PoolNotFound"
@@ -217,10 +231,22 @@ fn policy(
             .join("; ");
         condition(CONDITION_RESOLVED_REFS, false, reason, &message, generation)
     } else {
-        condition(CONDITION_RESOLVED_REFS, true, "ResolvedRefs", "", generation)
+        condition(
+            CONDITION_RESOLVED_REFS,
+            true,
+            "ResolvedRefs",
+            "",
+            generation,
+        )
     };
     let accepted = if invalid {
-        condition(CONDITION_ACCEPTED, false, "Invalid", &messages.join("; "), generation)
+        condition(
+            CONDITION_ACCEPTED,
+            false,
+            "Invalid",
+            &messages.join("; "),
+            generation,
+        )
     } else if resolved["status"] == "False" {
         let reason = resolved["reason"].as_str().unwrap_or("Invalid").to_string();
         let message = if target_missing {
@@ -280,7 +306,12 @@ fn pool_backends(route: &HttpRoute) -> Vec<NsName> {
             b.group.as_deref() == Some(kinference_api::pool::GROUP)
                 && b.kind.as_deref() == Some(kinference_api::pool::KIND)
         })
-        .map(|b| (b.namespace.clone().unwrap_or_else(|| ns.clone()), b.name.clone()))
+        .map(|b| {
+            (
+                b.namespace.clone().unwrap_or_else(|| ns.clone()),
+                b.name.clone(),
+            )
+        })
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect()
@@ -300,7 +331,12 @@ fn split_parents(existing: &Value) -> (Vec<Value>, Vec<Value>) {
         .partition(|p| p["controllerName"] != CONTROLLER_NAME)
 }
 
-fn parent_entry(parent_ref: Value, conditions: Vec<Value>, ours: &[Value], now: Timestamp) -> Value {
+fn parent_entry(
+    parent_ref: Value,
+    conditions: Vec<Value>,
+    ours: &[Value],
+    now: Timestamp,
+) -> Value {
     let previous = ours
         .iter()
         .find(|p| comparable(&p["parentRef"]) == comparable(&parent_ref))
@@ -349,13 +385,30 @@ fn route(
             let resolved = if missing.is_empty() {
                 condition("ResolvedRefs", true, "ResolvedRefs", "", generation)
             } else {
-                condition("ResolvedRefs", false, "BackendNotFound", &missing.join("; "), generation)
+                condition(
+                    "ResolvedRefs",
+                    false,
+                    "BackendNotFound",
+                    &missing.join("; "),
+                    generation,
+                )
             };
             let parent_ref = serde_json::to_value(p).unwrap_or_default();
-            parents.push(parent_entry(parent_ref, vec![accepted, resolved], &ours, now));
+            parents.push(parent_entry(
+                parent_ref,
+                vec![accepted, resolved],
+                &ours,
+                now,
+            ));
         }
     }
-    finish(key, &r.metadata, json!({ "parents": parents }), &existing, true)
+    finish(
+        key,
+        &r.metadata,
+        json!({ "parents": parents }),
+        &existing,
+        true,
+    )
 }
 
 fn pool(
@@ -380,7 +433,12 @@ fn pool(
                 .iter()
                 .flatten()
                 .filter(|p| is_service_parent(p.group.as_deref(), p.kind.as_deref()))
-                .map(move |p| (p.namespace.clone().unwrap_or_else(|| rns.clone()), p.name.clone()))
+                .map(move |p| {
+                    (
+                        p.namespace.clone().unwrap_or_else(|| rns.clone()),
+                        p.name.clone(),
+                    )
+                })
                 .collect::<Vec<_>>()
         })
         .collect();
@@ -396,5 +454,11 @@ fn pool(
         let accepted = condition("Accepted", true, "Accepted", "", generation);
         parents.push(parent_entry(parent_ref, vec![accepted], &ours, now));
     }
-    finish(key, &p.metadata, json!({ "parents": parents }), &existing, true)
+    finish(
+        key,
+        &p.metadata,
+        json!({ "parents": parents }),
+        &existing,
+        true,
+    )
 }

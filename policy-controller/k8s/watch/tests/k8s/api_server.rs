@@ -91,7 +91,10 @@ fn collection_of(obj: &Value) -> Collection {
 
 fn id_of(obj: &Value) -> NsName {
     (
-        obj["metadata"]["namespace"].as_str().unwrap_or("default").to_string(),
+        obj["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string(),
         obj["metadata"]["name"].as_str().expect("name").to_string(),
     )
 }
@@ -148,7 +151,11 @@ impl State {
         let collection = collection_of(&obj);
         let id = id_of(&obj);
         let rv = self.next_rv();
-        let previous = self.objects.get(&collection).and_then(|o| o.get(&id)).cloned();
+        let previous = self
+            .objects
+            .get(&collection)
+            .and_then(|o| o.get(&id))
+            .cloned();
         let meta = &mut obj["metadata"];
         meta["namespace"] = json!(id.0);
         meta["resourceVersion"] = json!(rv.to_string());
@@ -166,7 +173,11 @@ impl State {
         if obj["metadata"]["creationTimestamp"].is_null() {
             obj["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
         }
-        let type_ = if previous.is_some() { "MODIFIED" } else { "ADDED" };
+        let type_ = if previous.is_some() {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
         self.objects
             .entry(collection.clone())
             .or_default()
@@ -331,7 +342,12 @@ impl ApiServer {
         };
         tokio::time::timeout(timeout, wait)
             .await
-            .unwrap_or_else(|_| panic!("timed out waiting for {what}; requests: {:#?}", self.summary()))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "timed out waiting for {what}; requests: {:#?}",
+                    self.summary()
+                )
+            })
     }
 
     fn summary(&self) -> Vec<String> {
@@ -342,12 +358,26 @@ impl ApiServer {
     }
 }
 
+/// What a request path names.
+struct Target {
+    collection: Collection,
+    ns: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
 /// Splits `/api/v1/...` or `/apis/g/v/...` into collection, namespace, name and subresource.
-fn route(path: &str) -> Option<(Collection, Option<String>, Option<String>, Option<String>)> {
+fn route(path: &str) -> Option<Target> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (prefix, rest) = match segs.first()? {
-        &"api" => (segs[..2.min(segs.len())].join("/"), &segs[2.min(segs.len())..]),
-        &"apis" => (segs[..3.min(segs.len())].join("/"), &segs[3.min(segs.len())..]),
+    let (prefix, rest) = match *segs.first()? {
+        "api" => (
+            segs[..2.min(segs.len())].join("/"),
+            &segs[2.min(segs.len())..],
+        ),
+        "apis" => (
+            segs[..3.min(segs.len())].join("/"),
+            &segs[3.min(segs.len())..],
+        ),
         _ => return None,
     };
     let (ns, rest) = match rest {
@@ -360,7 +390,12 @@ fn route(path: &str) -> Option<(Collection, Option<String>, Option<String>, Opti
         [plural, name, sub] => (plural, Some(name.to_string()), Some(sub.to_string())),
         _ => return None,
     };
-    Some(((prefix, plural.to_string()), ns, name, sub))
+    Some(Target {
+        collection: (prefix, plural.to_string()),
+        ns,
+        name,
+        sub,
+    })
 }
 
 fn query_param<'q>(query: &'q str, key: &str) -> Option<&'q str> {
@@ -387,7 +422,12 @@ async fn handle(
     };
     let client = header("x-test-client");
     let content_type = header("content-type");
-    let bytes = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let bytes = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     {
         let mut s = state.lock();
@@ -412,7 +452,13 @@ fn serve(
     body: Value,
     state: &Arc<Mutex<State>>,
 ) -> Response<Body> {
-    let Some((collection, ns, name, sub)) = route(path) else {
+    let Some(Target {
+        collection,
+        ns,
+        name,
+        sub,
+    }) = route(path)
+    else {
         return respond(StatusCode::NOT_FOUND, &status(404, "NotFound", path));
     };
     let mut s = state.lock();
@@ -430,8 +476,8 @@ fn serve(
                 drop(tx);
             } else {
                 for (rv, type_, obj) in s.history.get(&collection).into_iter().flatten() {
-                    let in_ns = ns.is_none()
-                        || obj["metadata"]["namespace"].as_str() == ns.as_deref();
+                    let in_ns =
+                        ns.is_none() || obj["metadata"]["namespace"].as_str() == ns.as_deref();
                     if *rv > from && in_ns {
                         let _ = tx.send(event_line(type_, obj));
                     }
@@ -481,7 +527,10 @@ fn serve(
                 obj["metadata"]["namespace"] = json!(ns);
             }
             let id = id_of(&obj);
-            if s.objects.get(&collection).is_some_and(|o| o.contains_key(&id)) {
+            if s.objects
+                .get(&collection)
+                .is_some_and(|o| o.contains_key(&id))
+            {
                 return respond(StatusCode::CONFLICT, &status(409, "AlreadyExists", &id.1));
             }
             let stored = s.store(obj);

@@ -28,7 +28,9 @@ pub fn service(name: &str) -> Value {
 pub fn route(name: &str, service: &str, pools: &[&str]) -> Value {
     let backends: Vec<Value> = pools
         .iter()
-        .map(|p| json!({"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": p}))
+        .map(
+            |p| json!({"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": p}),
+        )
         .collect();
     json!({
         "apiVersion": ROUTE_API, "kind": "HTTPRoute",

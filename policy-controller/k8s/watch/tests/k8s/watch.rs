@@ -13,7 +13,10 @@ async fn listed_then_watched_objects_reach_the_index_and_deletes_remove_them() {
     base(&server);
     server.put(policy("llm", "glm-5.3", "glm-5.3", 12_000.0));
     let controller = Controller::start(&server, "a", ManualClock::new());
-    let state = wait_policy(&controller.index, "the listed policy", |s| s.policy().is_some()).await;
+    let state = wait_policy(&controller.index, "the listed policy", |s| {
+        s.policy().is_some()
+    })
+    .await;
     assert_eq!(models(&state), [("glm-5.3".to_string(), 12_000.0)]);
 
     // Watched: a change after the list arrives as MODIFIED.
@@ -28,7 +31,10 @@ async fn listed_then_watched_objects_reach_the_index_and_deletes_remove_them() {
             "prior": {"prefillTokensPerSecond": 6000, "timePerOutputTokenMs": 18},
         }));
     server.put(two_models);
-    let state = wait_policy(&controller.index, "the watched change", |s| models(s).len() == 2).await;
+    let state = wait_policy(&controller.index, "the watched change", |s| {
+        models(s).len() == 2
+    })
+    .await;
     assert_eq!(
         models(&state),
         [
@@ -45,8 +51,15 @@ async fn listed_then_watched_objects_reach_the_index_and_deletes_remove_them() {
     .await;
     assert!(state.policy().is_none());
     let keys = controller.index.read().keys();
-    assert!(keys.iter().all(|k| k.name != "llm" || k.kind.as_str() != "InferencePolicy"));
-    assert_eq!(keys.len(), 5, "service, route, two pools, no policy: {keys:?}");
+    assert!(
+        keys.iter()
+            .all(|k| k.name != "llm" || k.kind.as_str() != "InferencePolicy")
+    );
+    assert_eq!(
+        keys.len(),
+        4,
+        "service, route, two pools, no policy: {keys:?}"
+    );
 }
 
 #[tokio::test]
@@ -58,7 +71,10 @@ async fn after_410_gone_the_watcher_relists_and_forgets_objects_deleted_meanwhil
     wait_policy(&controller.index, "the policy", |s| s.policy().is_some()).await;
     server
         .wait_for(WAIT, "a policy watch", |s| {
-            s.requests().iter().any(|r| is_watch(r, "inferencepolicies")).then_some(())
+            s.requests()
+                .iter()
+                .any(|r| is_watch(r, "inferencepolicies"))
+                .then_some(())
         })
         .await;
     let lists_before = server
@@ -94,7 +110,10 @@ async fn a_dropped_watch_reconnects_and_resumes_without_relisting() {
     wait_policy(&controller.index, "the policy", |s| s.policy().is_some()).await;
     server
         .wait_for(WAIT, "a policy watch", |s| {
-            s.requests().iter().any(|r| is_watch(r, "inferencepolicies")).then_some(())
+            s.requests()
+                .iter()
+                .any(|r| is_watch(r, "inferencepolicies"))
+                .then_some(())
         })
         .await;
 
@@ -116,8 +135,14 @@ async fn a_dropped_watch_reconnects_and_resumes_without_relisting() {
     .await;
     assert_eq!(models(&state), [("glm-5.3".to_string(), 9_000.0)]);
     let requests = server.requests();
-    let lists = requests.iter().filter(|r| is_list(r, "inferencepolicies")).count();
-    assert_eq!(lists, 1, "a dropped connection resumes from its resourceVersion");
+    let lists = requests
+        .iter()
+        .filter(|r| is_list(r, "inferencepolicies"))
+        .count();
+    assert_eq!(
+        lists, 1,
+        "a dropped connection resumes from its resourceVersion"
+    );
     let resumed = requests
         .iter()
         .filter(|r| is_watch(r, "inferencepolicies"))

@@ -1,0 +1,268 @@
+//! `kinfctl install` prints the objects that Helm renders from the charts.
+//!
+//! `helm/render.py` lints and renders every chart with real Helm (the `helm-python-sdk` package,
+//! Helm's Go SDK) and validates the objects against Kubernetes' schemas and our CRDs; this test
+//! then runs the `kinfctl` binary with the same namespace and `--set` overrides and requires the
+//! same objects, field for field. Only Helm's own labels (`helm.sh/chart`,
+//! `app.kubernetes.io/managed-by`) and the generated certificate bytes are set aside; the
+//! certificates are instead checked with `openssl` on both sides: the serving certificate is
+//! signed by the CA that the webhooks trust, matches its key, and names the controller's Service.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use k8s_openapi::api::core::v1::Secret;
+use serde::Deserialize as _;
+use serde_json::Value;
+
+const HELM_ONLY_LABELS: [&str; 2] = ["helm.sh/chart", "app.kubernetes.io/managed-by"];
+const TLS_SECRET: &str = "kinference-policy-controller-tls";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Runs render.py into `out`; `false` when its Python packages are missing outside CI.
+fn render_charts(out: &Path) -> bool {
+    let script = repo_root().join("kinfctl/tests/helm/render.py");
+    let result = Command::new("python3")
+        .arg(&script)
+        .arg("--out")
+        .arg(out)
+        .current_dir(repo_root())
+        .output();
+    let missing = match &result {
+        Err(e) => Some(format!("python3 could not be run: {e}")),
+        Ok(o) if o.status.code() == Some(3) => Some(String::from_utf8_lossy(&o.stderr).into()),
+        Ok(_) => None,
+    };
+    if let Some(why) = missing {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set and the Helm render cannot run: {why}"
+        );
+        eprintln!(
+            "SKIPPED: the Helm render needs `pip install helm-python-sdk kubernetes-validate \
+             jsonschema` ({})",
+            why.trim()
+        );
+        return false;
+    }
+    let output = result.expect("checked above");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("{stderr}");
+    assert!(output.status.success(), "render.py failed:\n{stderr}");
+    true
+}
+
+fn parse_docs(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| Value::deserialize(doc).expect("valid YAML"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn kinfctl(args: &[String]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_kinfctl"))
+        .args(args)
+        .output()
+        .expect("kinfctl runs");
+    assert!(
+        output.status.success(),
+        "kinfctl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8 output")
+}
+
+fn key(object: &Value) -> String {
+    let meta = &object["metadata"];
+    format!(
+        "{} {} {}/{}",
+        object["apiVersion"].as_str().unwrap_or(""),
+        object["kind"].as_str().unwrap_or(""),
+        meta["namespace"].as_str().unwrap_or("-"),
+        meta["name"].as_str().unwrap_or("")
+    )
+}
+
+/// Removes Helm's own labels wherever labels appear (objects and pod templates).
+fn strip_helm_labels(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::Object(labels)) = map.get_mut("labels") {
+                for label in HELM_ONLY_LABELS {
+                    labels.remove(label);
+                }
+            }
+            map.values_mut().for_each(strip_helm_labels);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_helm_labels),
+        _ => {}
+    }
+}
+
+fn openssl(args: &[&str], dir: &Path) -> String {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Checks the webhook certificate of one rendering and redacts its bytes; returns the number of
+/// webhook configurations whose caBundle was checked.
+fn check_and_redact_tls(objects: &mut [Value], namespace: &str, side: &str) -> usize {
+    let secret_value = objects
+        .iter()
+        .find(|o| o["kind"] == "Secret" && o["metadata"]["name"] == TLS_SECRET)
+        .unwrap_or_else(|| panic!("{side}: no Secret {TLS_SECRET}"))
+        .clone();
+    let secret: Secret = serde_json::from_value(secret_value).expect("a valid Secret");
+    let data = secret.data.expect("Secret data");
+    let pem = |k: &str| String::from_utf8(data[k].0.clone()).expect("PEM is UTF-8");
+    let (crt, key, ca) = (pem("tls.crt"), pem("tls.key"), pem("ca.crt"));
+    assert!(
+        crt.starts_with("-----BEGIN CERTIFICATE-----"),
+        "{side}: {crt}"
+    );
+    assert!(
+        ca.starts_with("-----BEGIN CERTIFICATE-----"),
+        "{side}: {ca}"
+    );
+    assert!(key.contains("PRIVATE KEY-----"), "{side}: a key");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (file, contents) in [("tls.crt", &crt), ("tls.key", &key), ("ca.crt", &ca)] {
+        std::fs::write(dir.path().join(file), contents).expect("write PEM");
+    }
+    let verified = openssl(&["verify", "-CAfile", "ca.crt", "tls.crt"], dir.path());
+    assert_eq!(verified.trim(), "tls.crt: OK", "{side}");
+    let sans = openssl(
+        &["x509", "-in", "tls.crt", "-noout", "-ext", "subjectAltName"],
+        dir.path(),
+    );
+    let host = format!("DNS:kinference-policy-controller.{namespace}.svc");
+    assert!(
+        sans.split([',', '\n', ' ']).any(|s| s.trim() == host),
+        "{side}: {host} not in {sans}"
+    );
+    let cert_pub = openssl(&["x509", "-in", "tls.crt", "-noout", "-pubkey"], dir.path());
+    let key_pub = openssl(&["pkey", "-in", "tls.key", "-pubout"], dir.path());
+    assert_eq!(
+        cert_pub, key_pub,
+        "{side}: the key is not the certificate's"
+    );
+
+    let redacted = Value::String("<redacted>".into());
+    let mut bundles = 0;
+    for object in objects.iter_mut() {
+        if object["kind"] == "Secret" && object["metadata"]["name"] == TLS_SECRET {
+            for k in ["tls.crt", "tls.key", "ca.crt"] {
+                object["data"][k] = redacted.clone();
+            }
+        }
+        let kind = object["kind"].as_str().unwrap_or("").to_string();
+        if kind.ends_with("WebhookConfiguration") {
+            for hook in object["webhooks"].as_array_mut().into_iter().flatten() {
+                let bundle: k8s_openapi::ByteString =
+                    serde_json::from_value(hook["clientConfig"]["caBundle"].clone())
+                        .expect("caBundle is base64");
+                assert_eq!(bundle.0, ca.as_bytes(), "{side}: {kind} trusts another CA");
+                hook["clientConfig"]["caBundle"] = redacted.clone();
+                bundles += 1;
+            }
+        }
+    }
+    bundles
+}
+
+#[test]
+fn install_prints_what_helm_renders() {
+    let out = tempfile::tempdir().expect("tempdir");
+    if !render_charts(out.path()) {
+        return;
+    }
+    let cases: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("cases.json")).unwrap())
+            .expect("cases.json");
+    let names: Vec<&str> = cases.iter().filter_map(|c| c["name"].as_str()).collect();
+    for want in [
+        "crds-default",
+        "crds-upstream",
+        "control-plane-default",
+        "control-plane-overrides",
+    ] {
+        assert!(
+            names.contains(&want),
+            "render.py has no case {want}: {names:?}"
+        );
+    }
+
+    for case in &cases {
+        let name = case["name"].as_str().unwrap();
+        let args: Vec<String> = serde_json::from_value(case["kinfctl"].clone()).unwrap();
+        let helm_yaml = std::fs::read_to_string(case["file"].as_str().unwrap()).unwrap();
+        let mut helm = parse_docs(&helm_yaml);
+        let mut ours = parse_docs(&kinfctl(&args));
+        assert_eq!(
+            helm.len() as u64,
+            case["objects"].as_u64().unwrap(),
+            "{name}: the Helm YAML was not read back whole"
+        );
+        helm.iter_mut().for_each(strip_helm_labels);
+
+        if case["chart"] == "kinference" {
+            let ns = case["namespace"].as_str().unwrap();
+            assert_eq!(check_and_redact_tls(&mut helm, ns, "helm"), 2, "{name}");
+            assert_eq!(check_and_redact_tls(&mut ours, ns, "kinfctl"), 2, "{name}");
+        }
+
+        let helm: BTreeMap<String, Value> = helm.into_iter().map(|o| (key(&o), o)).collect();
+        let ours: BTreeMap<String, Value> = ours.into_iter().map(|o| (key(&o), o)).collect();
+        assert_eq!(
+            helm.keys().collect::<Vec<_>>(),
+            ours.keys().collect::<Vec<_>>(),
+            "{name}: Helm and kinfctl render different objects"
+        );
+        assert!(!helm.is_empty(), "{name}: nothing rendered");
+        for (k, want) in &helm {
+            let got = &ours[k];
+            assert!(
+                want == got,
+                "{name}: {k} differs\n--- helm\n{}\n--- kinfctl\n{}",
+                serde_yaml::to_string(want).unwrap(),
+                serde_yaml::to_string(got).unwrap()
+            );
+        }
+        eprintln!("{name}: {} objects equal", helm.len());
+    }
+}
+
+#[test]
+fn install_rejects_bad_values_and_namespaces() {
+    for args in [
+        &["install", "--set", "controller.replicaz=3"][..],
+        &["install", "--set", "webhook.failurePolicy=Sometimes"],
+        &["install", "--namespace", "Not_A_Label"],
+        &["install", "--crds", "--set", "upstream.inferencePool=maybe"],
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_kinfctl"))
+            .args(args)
+            .output()
+            .expect("kinfctl runs");
+        assert!(!output.status.success(), "{args:?} was accepted");
+        assert!(output.stdout.is_empty(), "{args:?} printed manifests");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("Error"), "{args:?}: {stderr}");
+    }
+}
