@@ -52,9 +52,14 @@ classify-train:
 
 # Evaluate the complexity classifier on the held-out split; writes docs/benchmarks/classification.md.
 classify-eval:
-    cargo run --release -p kinference-classify --bin kinference-classify-eval -- --data ../shared/classify
-    python3 scripts/plot_classify.py docs/benchmarks/classification
+    python3 scripts/plot_classify.py
 
 # Run the policy controller on the example manifests.
 controller:
     cargo run -p kinference-policy-controller -- --manifests examples --grpc-addr 127.0.0.1:8090 --admin-addr 127.0.0.1:9990
+
+# The fleet benchmark: every strategy on every workload in virtual time (release; under 10 minutes).
+fleet SUITE="full" SEED="1":
+    cargo build --release -p kinference-fleet
+    ./target/release/kinference-fleet --suite {{SUITE}} --seed {{SEED}} --out docs/benchmarks/fleet
+    python3 scripts/plot_fleet.py docs/benchmarks/fleet/results.csv docs/benchmarks/fleet

@@ -1,6 +1,4 @@
 //! The time one engine step takes, from what the step computes.
-//!
-//! CONTRACT: fields may be added; `step_time` is what callers use.
 
 use std::time::Duration;
 

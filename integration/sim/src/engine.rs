@@ -7,9 +7,6 @@
 //! allocated; then, if nothing was preempted, WAITING requests first come first served while a
 //! sequence slot and budget remain, each looked up in the prefix cache on admission. The step's
 //! shape is charged by the [`CostModel`]; its events happen when it ends.
-//!
-//! CONTRACT (for the server and the fleet benchmark): the public names and signatures here are the
-//! interface everything else is written against.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 

@@ -5,9 +5,6 @@
 //! and speed of the hardware it stands for. So `num_gpu_blocks` is derived with vLLM's own memory
 //! arithmetic, and each cost constant is derived in its doc comment from a public measurement or,
 //! where none exists, from the hardware's peak numbers and a stated efficiency.
-//!
-//! CONTRACT: `Profile::named(name)` for `glm-5.3` and `qwen-3.6-27b` (and any other profile added),
-//! `Profile::all()`.
 
 use crate::{CostModel, EngineConfig};
 

@@ -53,10 +53,14 @@ fn controller(grpc_addr: &str) -> (Child, SocketAddr) {
     panic!("the controller exited without printing its address");
 }
 
-async fn wait_for<T>(rx: &mut watch::Receiver<T>, what: &str, f: impl FnMut(&T) -> bool) {
+async fn wait_for<T: std::fmt::Debug>(
+    rx: &mut watch::Receiver<T>,
+    what: &str,
+    f: impl FnMut(&T) -> bool,
+) {
     match tokio::time::timeout(Duration::from_secs(30), rx.wait_for(f)).await {
         Ok(Ok(_)) => {}
-        _ => panic!("{what}: not reached within 30 s"),
+        _ => panic!("{what}: not reached within 30 s; last {:?}", *rx.borrow()),
     }
 }
 
@@ -99,7 +103,8 @@ async fn follows_the_real_controller_through_a_restart() {
                     })
             })
     };
-    wait_for(&mut d.endpoints, "the examples' endpoints", converged).await;
+    let what = format!("the examples' endpoints of {paths:?}");
+    wait_for(&mut d.endpoints, &what, converged).await;
     wait_for(&mut d.connected, "connected", |c| *c).await;
     let before = d.endpoints.borrow().clone();
 

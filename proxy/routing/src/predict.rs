@@ -233,7 +233,12 @@ pub struct Prediction {
     pub queued_prefill_tokens: f64,
     pub running_seqs: u32,
     pub prefill_tokens_per_second: f64,
-    /// `queued_prefill_tokens / rate`: the wait if the endpoint were prefill-bound.
+    /// Fraction of time the endpoint spends prefilling (all clients), from its prefix counters.
+    pub prefill_busy_fraction: f64,
+    /// Expected remainder of the engine step in progress at arrival, in seconds.
+    pub step_residual_s: f64,
+    /// `queued_prefill_tokens / rate + step_residual_s`: the wait if the endpoint is
+    /// prefill-bound.
     pub prefill_wait_s: f64,
     /// KV tokens free at the endpoint (`(1 − usage) × capacity`), when usage and capacity are known.
     pub kv_free_tokens: Option<f64>,
@@ -320,16 +325,35 @@ pub fn predict(
     };
 
     let rate = view.prefill_tokens_per_second.max(1.0);
-    let prefill_wait_s = queued_prefill_tokens / rate;
+    let budget_tokens = f64::from(view.prior.max_num_batched_tokens.max(1));
+
+    // The engine step in progress when the request arrives: its remainder is waited for. A step
+    // is a prefill chunk (the endpoint prefills a fraction `busy` of the time, from the prefix
+    // counters: all clients' uncached prompt tokens per second over the rate) or a decode step
+    // of the running batch; a random arrival waits on average half of the step it lands in.
+    let decode_step_s = view.prior.time_per_output_token_s
+        + f64::from(running_seqs) * view.prior.decode_step_per_seq_s;
+    let prefill_busy_fraction = s
+        .uncached_prompt_tokens_per_second
+        .filter(|o| o.is_fresh(now, budget))
+        .map_or(0.0, |o| (o.value / rate).clamp(0.0, 1.0));
+    let prefill_step_s = other_request_tokens.min(budget_tokens) / rate;
+    let step_residual_s = if std::env::var_os("KINF_R1").is_some() {
+        0.5 * prefill_busy_fraction * prefill_step_s
+    } else {
+        0.0
+    } + if running_seqs > 0 {
+        0.5 * (1.0 - prefill_busy_fraction) * decode_step_s
+    } else {
+        0.0
+    };
+    let prefill_wait_s = queued_prefill_tokens / rate + step_residual_s;
     let prefill_s = f64::from(uncached_tokens) / rate;
     let decode_interference_s = if running_seqs > 0 {
-        let budget_tokens = f64::from(view.prior.max_num_batched_tokens.max(1));
         let steps = ((queued_prefill_tokens + f64::from(uncached_tokens)) / budget_tokens)
             .ceil()
             .max(1.0);
-        let step_s = view.prior.time_per_output_token_s
-            + f64::from(running_seqs) * view.prior.decode_step_per_seq_s;
-        steps * step_s
+        steps * decode_step_s
     } else {
         0.0
     };
@@ -428,6 +452,8 @@ pub fn predict(
         queued_prefill_tokens,
         running_seqs,
         prefill_tokens_per_second: rate,
+        prefill_busy_fraction,
+        step_residual_s,
         prefill_wait_s,
         kv_free_tokens,
         completions_ahead,

@@ -513,7 +513,7 @@ impl Router {
             predicted_non_prefill_s: p.raw_ttft_s - p.prefill_s * p.kv_pressure_factor,
             kv_pressure_factor: p.kv_pressure_factor,
             predicted_raw_ttft_s: p.raw_ttft_s,
-            teaches_rate: p.wait_s == 0.0,
+            teaches_rate: !p.capacity_bound && p.queued_prefill_tokens == 0.0,
         });
         if p.uncached_tokens > 0 && !prompt.hashes().is_empty() {
             st.pending_prompts

@@ -77,9 +77,11 @@ pub struct IndexSizes {
 #[derive(Debug, Default)]
 pub struct Index {
     store: Store,
-    outbound: HashMap<ParentTarget, watch::Sender<OutboundPolicy>>,
-    inference: HashMap<ParentTarget, watch::Sender<InferencePolicyState>>,
-    endpoints: HashMap<PoolRef, watch::Sender<PoolEndpoints>>,
+    // Ordered so the publishers of one Service (or one namespace's pools) are a range,
+    // and a change touches only the publishers it can affect.
+    outbound: BTreeMap<ParentTarget, watch::Sender<OutboundPolicy>>,
+    inference: BTreeMap<ParentTarget, watch::Sender<InferencePolicyState>>,
+    endpoints: BTreeMap<PoolRef, watch::Sender<PoolEndpoints>>,
     /// Validation errors of InferencePolicies (and the classifiers they use), for status.
     policy_errors: BTreeMap<NsName, String>,
 }
@@ -326,45 +328,89 @@ impl Index {
 
     fn publish(&mut self, affected: Affected) {
         let store = &self.store;
-        self.outbound.retain(|target, tx| {
+        let service_range = |(ns, name): &NsName| {
+            let lo = ParentTarget {
+                namespace: ns.clone(),
+                name: name.clone(),
+                port: 0,
+            };
+            let hi = ParentTarget {
+                port: u16::MAX,
+                ..lo.clone()
+            };
+            lo..=hi
+        };
+
+        let mut unwatched = Vec::new();
+        let mut update_outbound = |target: &ParentTarget, tx: &watch::Sender<OutboundPolicy>| {
             if tx.receiver_count() == 0 {
-                return false;
+                unwatched.push(target.clone());
+                return;
             }
-            let key = (target.namespace.clone(), target.name.clone());
-            if affected.outbound_all || affected.parents.contains(&key) {
-                let next = outbound::policy(store, target);
-                tx.send_if_modified(|cur| replace_if_changed(cur, next));
+            let next = outbound::policy(store, target);
+            tx.send_if_modified(|cur| replace_if_changed(cur, next));
+        };
+        if affected.outbound_all {
+            self.outbound
+                .iter()
+                .for_each(|(t, tx)| update_outbound(t, tx));
+        } else {
+            for parent in &affected.parents {
+                for (t, tx) in self.outbound.range(service_range(parent)) {
+                    update_outbound(t, tx);
+                }
             }
-            true
-        });
+        }
+        for t in unwatched.drain(..) {
+            self.outbound.remove(&t);
+        }
+
         let policy_errors = &mut self.policy_errors;
-        self.inference.retain(|target, tx| {
-            if tx.receiver_count() == 0 {
-                return false;
-            }
-            let key = (target.namespace.clone(), target.name.clone());
-            if affected.inference_all
-                || affected.parents.contains(&key)
-                || affected.inference_parents.contains(&key)
-            {
+        let mut update_inference =
+            |target: &ParentTarget, tx: &watch::Sender<InferencePolicyState>| {
+                if tx.receiver_count() == 0 {
+                    unwatched.push(target.clone());
+                    return;
+                }
                 let (next, error) = inference::policy(store, target);
                 record_error(policy_errors, &next, error);
                 tx.send_if_modified(|cur| replace_if_changed(cur, next));
+            };
+        if affected.inference_all {
+            self.inference
+                .iter()
+                .for_each(|(t, tx)| update_inference(t, tx));
+        } else {
+            for parent in affected.parents.union(&affected.inference_parents) {
+                for (t, tx) in self.inference.range(service_range(parent)) {
+                    update_inference(t, tx);
+                }
             }
-            true
-        });
+        }
+        for t in unwatched.drain(..) {
+            self.inference.remove(&t);
+        }
         // Forget errors of policies that no longer exist.
         policy_errors.retain(|id, _| store.policies.contains_key(id));
-        self.endpoints.retain(|pool, tx| {
-            if tx.receiver_count() == 0 {
-                return false;
-            }
-            if affected.pool_namespaces.contains(&pool.namespace) {
+
+        let mut unwatched_pools = Vec::new();
+        for ns in &affected.pool_namespaces {
+            let from = PoolRef::new(ns, "");
+            for (pool, tx) in self.endpoints.range(from..) {
+                if pool.namespace != *ns {
+                    break;
+                }
+                if tx.receiver_count() == 0 {
+                    unwatched_pools.push(pool.clone());
+                    continue;
+                }
                 let next = endpoints::pool_endpoints(store, pool);
                 tx.send_if_modified(|cur| replace_if_changed(cur, next));
             }
-            true
-        });
+        }
+        for p in unwatched_pools {
+            self.endpoints.remove(&p);
+        }
     }
 }
 
