@@ -711,3 +711,142 @@ where
     };
     shared.answer_error(&labels, &e, &request_id)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{openai::Endpoint, policy::tests::example_proto};
+    use kinference_proxy_discovery::{Endpoint as Ep, Endpoints};
+    use parking_lot::Mutex;
+    use std::{collections::BTreeMap, net::SocketAddr};
+    use tower::Service;
+
+    type Seen = Arc<Mutex<Vec<(SocketAddr, Bytes)>>>;
+
+    /// A dispatch service that records what it was sent and answers `status`.
+    fn fake(
+        seen: Seen,
+        status: impl Fn(SocketAddr) -> u16 + Clone + Send + 'static,
+    ) -> impl tower::Service<
+        Attempt,
+        Response = http::Response<Full<Bytes>>,
+        Error = DispatchError,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static {
+        tower::service_fn(move |a: Attempt| {
+            let seen = seen.clone();
+            let status = status.clone();
+            async move {
+                let body = a.request.into_body().collect().await.unwrap().to_bytes();
+                seen.lock().push((a.addr, body));
+                let mut rsp = http::Response::new(Full::new(Bytes::from_static(b"{}")));
+                *rsp.status_mut() = http::StatusCode::from_u16(status(a.addr)).unwrap();
+                Ok::<_, DispatchError>(rsp)
+            }
+        })
+    }
+
+    fn shared() -> Arc<Shared> {
+        let s = Arc::new(Shared::new(Workload::parse("default/app", vec![]), 1, 16));
+        let state = s.set_policy(Arc::new(example_proto()));
+        let ep = |port: u16| Ep {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            labels: BTreeMap::new(),
+        };
+        let endpoints = Endpoints {
+            by_backend: BTreeMap::from([
+                (
+                    "glm-5.3.default.inferencepool.kinference.io".into(),
+                    vec![ep(1)],
+                ),
+                (
+                    "qwen-3.6-27b.default.inferencepool.kinference.io".into(),
+                    vec![ep(3)],
+                ),
+            ]),
+        };
+        s.balance.sync(&state.policy, &endpoints);
+        // glm is loaded, qwen idle.
+        for (port, waiting) in [(1, 60), (3, 0)] {
+            s.balance.observe_scrape(
+                &EndpointId::from(format!("127.0.0.1:{port}")),
+                &kinference_routing::Scrape {
+                    num_requests_waiting: Some(waiting),
+                    num_requests_running: Some(0),
+                    kv_cache_usage: Some(0.0),
+                    ..Default::default()
+                },
+                s.balance.now(),
+            );
+        }
+        s
+    }
+
+    fn request(raw: &'static str) -> ProxyRequest {
+        let (head, ()) = http::Request::post("/v1/chat/completions")
+            .body(())
+            .unwrap()
+            .into_parts();
+        ProxyRequest {
+            head,
+            request: InferenceRequest::parse(Endpoint::Chat, Bytes::from_static(raw.as_bytes()))
+                .unwrap(),
+            request_id: "r1".into(),
+            tenant: "default/app".into(),
+            received_at: Instant::now(),
+        }
+    }
+
+    #[tokio::test]
+    async fn model_is_rewritten_only_when_a_substitute_wins() {
+        let s = shared();
+        let seen: Seen = Arc::default();
+        let mut svc =
+            tower::Layer::layer(&InferenceLayer::new(s.clone()), fake(seen.clone(), |_| 200));
+        // Low complexity: qwen (idle) beats loaded glm; the body names qwen.
+        let low =
+            r#"{"model":"glm-5.3","messages":[{"role":"user","content":"Hi! What is 2+2?"}]}"#;
+        let rsp = svc.call(request(low)).await.unwrap();
+        assert_eq!(rsp.headers()[ENDPOINT_HEADER], "127.0.0.1:3");
+        let (addr, body) = seen.lock()[0].clone();
+        assert_eq!(addr.port(), 3);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["model"], "qwen-3.6-27b");
+        // High complexity: only glm is allowed; the body is forwarded byte for byte.
+        let high = r#"{"model":"glm-5.3", "messages":[{"role":"user","content":"Design a distributed consensus protocol tolerant to Byzantine faults for a geo-replicated database; derive its message complexity, prove safety and liveness under partial synchrony, and compare it with PBFT and HotStuff in latency and throughput."}]}"#;
+        let rsp = svc.call(request(high)).await.unwrap();
+        assert_eq!(rsp.headers()[ENDPOINT_HEADER], "127.0.0.1:1");
+        let (addr, body) = seen.lock()[1].clone();
+        assert_eq!(addr.port(), 1);
+        assert_eq!(&body[..], high.as_bytes());
+        drop(rsp);
+    }
+
+    #[tokio::test]
+    async fn a_503_before_the_first_byte_is_retried_on_the_next_best() {
+        let s = shared();
+        let seen: Seen = Arc::default();
+        let mut svc = tower::Layer::layer(
+            &InferenceLayer::new(s.clone()),
+            fake(
+                seen.clone(),
+                |a: SocketAddr| if a.port() == 3 { 503 } else { 200 },
+            ),
+        );
+        let low =
+            r#"{"model":"glm-5.3","messages":[{"role":"user","content":"Hi! What is 2+2?"}]}"#;
+        let rsp = svc.call(request(low)).await.unwrap();
+        assert_eq!(rsp.status(), 200);
+        let ports: Vec<u16> = seen.lock().iter().map(|(a, _)| a.port()).collect();
+        assert_eq!(ports, vec![3, 1]);
+        // The retry went back to the requested model: its body names glm-5.3 again.
+        let v: serde_json::Value = serde_json::from_slice(&seen.lock()[1].1).unwrap();
+        assert_eq!(v["model"], "glm-5.3");
+        assert_eq!(
+            s.decisions.snapshot(Some("r1"))[0].attempts,
+            vec!["127.0.0.1:3", "127.0.0.1:1"]
+        );
+    }
+}

@@ -1,10 +1,13 @@
 //! One pass over the capped text that every built-in classifier shares.
 //!
-//! The code and math detectors and the complexity model all look at character classes, line shapes
-//! and marker words. Scanning once and sharing the counts keeps the default set within its latency
-//! budget on long prompts, and keeps the detectors and the model agreeing on what they saw.
+//! The code and math detectors and the complexity model all look at character classes, line shapes,
+//! marker words and words. Reading the bytes once and sharing the counts keeps the default set within
+//! its latency budget on long prompts, and keeps the detectors and the model agreeing on what they
+//! saw. Marker words are found by hashing each word while it is read and probing a small table with
+//! the hash (phrases by combining the hashes of consecutive words): one probe per word instead of an
+//! automaton step per byte, and the same word hashes feed the complexity model's hashed features.
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
+use crate::text::mix;
 use std::sync::LazyLock;
 
 /// Marker-word categories of the shared lexicon.
@@ -20,10 +23,23 @@ pub(crate) enum Marker {
     MultiStep,
     Constraint,
     Simple,
+    /// Quantities written as words ("three", "dozen").
+    NumberWord,
+    /// Parts of a whole ("half", "quarter", "percent").
+    FractionWord,
+    /// Comparisons between quantities ("more", "fewer", "twice").
+    Comparative,
 }
 
-pub(crate) const MARKERS: usize = 9;
+pub(crate) const MARKERS: usize = 12;
 
+/// Words of the last turn beyond this many keep no hash for the complexity model's hashed features.
+pub(crate) const MAX_WORD_HASHES: usize = crate::complexity::features::MAX_HASHED_WORDS;
+
+/// The lexicon: words and phrases, matched case-insensitively on word boundaries, longest first. A
+/// word may appear under several markers. Phrases are words separated by exactly one byte (`how
+/// many`, `trade-off`, `console.log`); a leading `#` or `\` is part of the word (`#include`,
+/// `\frac`); a trailing `.` or `:` must follow the word (`self.`, `std::`).
 const LEXICON: &[(&str, Marker)] = &[
     // Code.
     ("def", Marker::CodeKeyword),
@@ -174,17 +190,195 @@ const LEXICON: &[(&str, Marker)] = &[
     ("define", Marker::Simple),
     ("synonym", Marker::Simple),
     ("translate", Marker::Simple),
+    // Quantities written as words.
+    ("one", Marker::NumberWord),
+    ("two", Marker::NumberWord),
+    ("three", Marker::NumberWord),
+    ("four", Marker::NumberWord),
+    ("five", Marker::NumberWord),
+    ("six", Marker::NumberWord),
+    ("seven", Marker::NumberWord),
+    ("eight", Marker::NumberWord),
+    ("nine", Marker::NumberWord),
+    ("ten", Marker::NumberWord),
+    ("eleven", Marker::NumberWord),
+    ("twelve", Marker::NumberWord),
+    ("fifteen", Marker::NumberWord),
+    ("twenty", Marker::NumberWord),
+    ("thirty", Marker::NumberWord),
+    ("forty", Marker::NumberWord),
+    ("fifty", Marker::NumberWord),
+    ("hundred", Marker::NumberWord),
+    ("thousand", Marker::NumberWord),
+    ("million", Marker::NumberWord),
+    ("dozen", Marker::NumberWord),
+    // Parts of a whole.
+    ("half", Marker::FractionWord),
+    ("halves", Marker::FractionWord),
+    ("third", Marker::FractionWord),
+    ("thirds", Marker::FractionWord),
+    ("quarter", Marker::FractionWord),
+    ("quarters", Marker::FractionWord),
+    ("fifth", Marker::FractionWord),
+    ("percent", Marker::FractionWord),
+    ("percentage", Marker::FractionWord),
+    ("fraction", Marker::FractionWord),
+    // Comparisons between quantities ("how many more", "three times as many").
+    ("more", Marker::Comparative),
+    ("less", Marker::Comparative),
+    ("fewer", Marker::Comparative),
+    ("longer", Marker::Comparative),
+    ("shorter", Marker::Comparative),
+    ("older", Marker::Comparative),
+    ("younger", Marker::Comparative),
+    ("times", Marker::Comparative),
+    ("twice", Marker::Comparative),
+    ("double", Marker::Comparative),
+    ("triple", Marker::Comparative),
+    ("faster", Marker::Comparative),
+    ("slower", Marker::Comparative),
+    ("cheaper", Marker::Comparative),
 ];
+/// Markers as a bit set.
+type MarkerSet = u16;
 
-static LEXICON_AC: LazyLock<AhoCorasick> = LazyLock::new(|| {
-    AhoCorasickBuilder::new()
-        .ascii_case_insensitive(true)
-        .match_kind(MatchKind::LeftmostLongest)
-        .kind(Some(AhoCorasickKind::DFA))
-        .prefilter(false)
-        .build(LEXICON.iter().map(|(p, _)| p))
-        .expect("the built-in lexicon is valid")
-});
+/// One lexicon entry: the hash key of the word or phrase, its markers, how many words it has and a
+/// byte that must follow it (0 for none).
+#[derive(Clone, Copy, Debug, Default)]
+struct Entry {
+    key: u64,
+    markers: MarkerSet,
+    words: u8,
+    next: u8,
+}
+
+/// An open-addressing table of the lexicon, keyed by word (or combined phrase) hash.
+struct Lexicon {
+    slots: Vec<Entry>,
+    mask: usize,
+    /// The most words in a phrase.
+    longest: usize,
+}
+
+impl Lexicon {
+    fn build(words: &[(&str, Marker)]) -> Self {
+        let cap = (words.len() * 4).next_power_of_two();
+        let mut lex = Self {
+            slots: vec![Entry::default(); cap],
+            mask: cap - 1,
+            longest: 1,
+        };
+        for (pattern, marker) in words {
+            let (hashes, next) = pattern_words(pattern);
+            let key = phrase_key(&hashes);
+            lex.longest = lex.longest.max(hashes.len());
+            let mut i = key as usize & lex.mask;
+            loop {
+                let e = &mut lex.slots[i];
+                if e.key == 0 {
+                    *e = Entry {
+                        key,
+                        markers: 1 << *marker as usize,
+                        words: hashes.len() as u8,
+                        next,
+                    };
+                    break;
+                }
+                if e.key == key {
+                    assert_eq!(e.next, next, "lexicon entry {pattern:?} conflicts");
+                    e.markers |= 1 << *marker as usize;
+                    break;
+                }
+                i = (i + 1) & lex.mask;
+            }
+        }
+        lex
+    }
+
+    #[inline]
+    fn get(&self, key: u64, words: usize, next: u8) -> MarkerSet {
+        let mut i = key as usize & self.mask;
+        loop {
+            let e = &self.slots[i];
+            if e.key == key {
+                let ok = usize::from(e.words) == words && (e.next == 0 || e.next == next);
+                return if ok { e.markers } else { 0 };
+            }
+            if e.key == 0 {
+                return 0;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+}
+
+static LEXICON_TABLE: LazyLock<Lexicon> = LazyLock::new(|| Lexicon::build(LEXICON));
+
+/// The word hashes of a lexicon pattern and the byte that must follow it.
+fn pattern_words(pattern: &str) -> (Vec<u64>, u8) {
+    let b = pattern.as_bytes();
+    let mut hashes = Vec::new();
+    let mut h = None;
+    let mut next = 0;
+    for (i, &c) in b.iter().enumerate() {
+        if is_word_byte(c) {
+            let cur = h.unwrap_or_else(|| word_seed(i.checked_sub(1).map(|p| b[p])));
+            h = Some(word_step(cur, c));
+        } else if let Some(done) = h.take() {
+            hashes.push(word_finish(done));
+            next = 0;
+            if i + 1 == b.len() || !b[i + 1..].iter().any(|c| is_word_byte(*c)) {
+                next = c;
+            }
+        }
+    }
+    if let Some(done) = h {
+        hashes.push(word_finish(done));
+    }
+    (hashes, next)
+}
+
+/// ASCII bytes that belong to hashed words: letters, digits and the apostrophe (`don't`).
+fn is_word_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'\''
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// The hash state at a word's start; a `#` or `\` right before the word is part of it.
+#[inline]
+fn word_seed(prev: Option<u8>) -> u64 {
+    match prev {
+        Some(p @ (b'#' | b'\\')) => (FNV_OFFSET ^ u64::from(p)).wrapping_mul(FNV_PRIME),
+        _ => FNV_OFFSET,
+    }
+}
+
+#[inline]
+fn word_step(h: u64, c: u8) -> u64 {
+    (h ^ u64::from(c.to_ascii_lowercase())).wrapping_mul(FNV_PRIME)
+}
+
+/// The final word hash: avalanche-mixed so that any bits can index a table; never 0.
+#[inline]
+fn word_finish(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+    h ^= h >> 33;
+    h.max(1)
+}
+
+/// The key of a phrase from its word hashes (a single word's key is its hash).
+fn phrase_key(hashes: &[u64]) -> u64 {
+    let mut key = hashes[0];
+    for h in &hashes[1..] {
+        key = mix(key, *h).max(1);
+    }
+    key
+}
 
 const K_OTHER: u8 = 0;
 const K_DIGIT: u8 = 1;
@@ -194,12 +388,16 @@ const K_CODE: u8 = 4;
 const K_QUESTION: u8 = 5;
 const K_SENTENCE: u8 = 6;
 const K_DOLLAR: u8 = 7;
-const K_NON_ASCII: u8 = 8;
+const K_COMMA: u8 = 8;
+const K_PERCENT: u8 = 9;
+const K_APOSTROPHE: u8 = 10;
 // Classes from here on take the slower path.
-const K_OP: u8 = 9;
-const K_EQ: u8 = 10;
-const K_BACKTICK: u8 = 11;
-const CLASSES: usize = 12;
+const K_NON_ASCII: u8 = 11;
+const K_OP: u8 = 12;
+const K_EQ: u8 = 13;
+const K_BACKTICK: u8 = 14;
+const K_NEWLINE: u8 = 15;
+const CLASSES: usize = 16;
 
 /// The class of every byte.
 static CLASS: [u8; 256] = {
@@ -217,7 +415,11 @@ static CLASS: [u8; 256] = {
             b'?' => K_QUESTION,
             b'.' | b'!' => K_SENTENCE,
             b'$' => K_DOLLAR,
+            b',' => K_COMMA,
+            b'%' => K_PERCENT,
+            b'\'' => K_APOSTROPHE,
             b'`' => K_BACKTICK,
+            b'\n' => K_NEWLINE,
             // A UTF-8 lead byte: one non-ASCII character.
             0xC0..=0xFF => K_NON_ASCII,
             _ => K_OTHER,
@@ -227,7 +429,8 @@ static CLASS: [u8; 256] = {
     t
 };
 
-/// Bytes that belong to words: ASCII letters and digits and any byte of a non-ASCII character.
+/// Bytes that belong to words for the word count: ASCII letters and digits and any byte of a
+/// non-ASCII character.
 static WORD: [bool; 256] = {
     let mut t = [false; 256];
     let mut c = 0;
@@ -264,7 +467,36 @@ pub(crate) struct Scan {
     pub choice_lines: usize,
     /// Digit-operator-digit sequences such as `3 + 4` or `2x^2`.
     pub arithmetic: usize,
+    /// Numbers written in digits (`16`, `1,250`, `3.5` count once each).
+    pub numbers: usize,
+    pub commas: usize,
+    /// `%` signs.
+    pub percents: usize,
+    /// Digit-slash-digit sequences such as `3/4`.
+    pub fractions: usize,
     pub markers: [usize; MARKERS],
+    /// Hashes of the first [`MAX_WORD_HASHES`] words (letters, digits and `'`, ASCII case folded),
+    /// in order, for the complexity model's hashed features.
+    pub word_hashes: Vec<u64>,
+}
+
+/// A word already read, for phrase matching.
+#[derive(Clone, Copy, Debug, Default)]
+struct Recent {
+    hash: u64,
+    start: usize,
+    end: usize,
+    /// The markers it counted for on its own (undone when a phrase takes it).
+    counted: MarkerSet,
+    /// Not yet part of a matched phrase.
+    free: bool,
+}
+
+/// The words of one piece of text as they end, most recent first.
+#[derive(Default)]
+struct Words {
+    recent: [Recent; 3],
+    n: usize,
 }
 
 impl Scan {
@@ -279,37 +511,88 @@ impl Scan {
     fn add(&mut self, text: &str) {
         let b = text.as_bytes();
         self.bytes += b.len();
-        // Characters and words: one table lookup per byte; digits and operators keep a little
-        // state to spot arithmetic such as `3 + 4` or `2x^2`.
+        if self.word_hashes.capacity() == 0 {
+            self.word_hashes
+                .reserve((b.len() / 4 + 1).min(MAX_WORD_HASHES));
+        }
+        let lexicon = &*LEXICON_TABLE;
+        let mut words = Words::default();
         let mut counts = [0usize; CLASSES];
         let mut in_word = false;
         let mut last_digit_at: Option<usize> = None;
         let mut op_after_digit = false;
-        for (i, &c) in b.iter().enumerate() {
+        let mut line_start = 0;
+        // The hashed word being read: its hash state and start.
+        let mut word: Option<(u64, usize)> = None;
+        let mut i = 0;
+        while i < b.len() {
+            let c = b[i];
             let k = CLASS[c as usize];
             counts[k as usize] += 1;
-            let word = WORD[c as usize];
-            self.words += usize::from(word & !in_word);
-            in_word = word;
+            let w = WORD[c as usize];
+            self.words += usize::from(w & !in_word);
+            in_word = w;
+            let mut len = 1;
+            let mut hashed = k == K_DIGIT || k == K_LOWER || k == K_UPPER || k == K_APOSTROPHE;
             if k == K_DIGIT {
                 if op_after_digit {
                     self.arithmetic += 1;
                     op_after_digit = false;
                 }
+                let continues = i > 0
+                    && (b[i - 1].is_ascii_digit()
+                        || (matches!(b[i - 1], b',' | b'.') && i > 1 && b[i - 2].is_ascii_digit()));
+                self.numbers += usize::from(!continues);
                 last_digit_at = Some(i);
-            } else if k >= K_OP {
-                if k == K_BACKTICK {
-                    if b.get(i..i + 3) == Some(b"```") && (i == 0 || b[i - 1] != b'`') {
-                        self.fences += 1;
+            } else if k >= K_NON_ASCII {
+                match k {
+                    K_NON_ASCII => {
+                        let ch = text[i..].chars().next().unwrap_or(' ');
+                        len = ch.len_utf8();
+                        hashed = ch.is_alphanumeric();
                     }
-                } else if last_digit_at.is_some_and(|d| i - d <= 2) {
-                    op_after_digit = true;
+                    K_BACKTICK => {
+                        if b.get(i..i + 3) == Some(b"```") && (i == 0 || b[i - 1] != b'`') {
+                            self.fences += 1;
+                        }
+                    }
+                    K_NEWLINE => {
+                        self.line(&text[line_start..i]);
+                        line_start = i + 1;
+                    }
+                    _ => {
+                        if last_digit_at.is_some_and(|d| i - d <= 2) {
+                            op_after_digit = true;
+                        }
+                        if c == b'/'
+                            && i > 0
+                            && b[i - 1].is_ascii_digit()
+                            && b.get(i + 1).is_some_and(u8::is_ascii_digit)
+                        {
+                            self.fractions += 1;
+                        }
+                    }
                 }
             }
-            if op_after_digit && last_digit_at.is_some_and(|d| i - d > 3) {
+            if op_after_digit && last_digit_at.is_some_and(|d| i + len - 1 - d > 3) {
                 op_after_digit = false;
             }
+            if hashed {
+                let (mut h, start) =
+                    word.unwrap_or_else(|| (word_seed(i.checked_sub(1).map(|p| b[p])), i));
+                for &byte in &b[i..i + len] {
+                    h = word_step(h, byte);
+                }
+                word = Some((h, start));
+            } else if let Some((h, start)) = word.take() {
+                self.end_word(lexicon, &mut words, word_finish(h), start, i, c);
+            }
+            i += len;
         }
+        if let Some((h, start)) = word {
+            self.end_word(lexicon, &mut words, word_finish(h), start, b.len(), 0);
+        }
+        self.line(&text[line_start..]);
         self.digits += counts[K_DIGIT as usize];
         self.letters += counts[K_LOWER as usize] + counts[K_UPPER as usize];
         self.uppercase += counts[K_UPPER as usize];
@@ -319,48 +602,119 @@ impl Scan {
         self.sentences += counts[K_SENTENCE as usize];
         self.dollars += counts[K_DOLLAR as usize];
         self.non_ascii += counts[K_NON_ASCII as usize];
-        // Lines.
-        for line in text.split('\n') {
-            self.lines += 1;
-            let t = line.trim_end();
-            if t.trim_start().is_empty() {
-                continue;
+        self.commas += counts[K_COMMA as usize];
+        self.percents += counts[K_PERCENT as usize];
+    }
+
+    /// A word of `start..end` with hash `hash` has ended before byte `next` (0 at the end): keep its
+    /// hash and count its markers, or a phrase's that it completes (longest first; a phrase takes
+    /// back the markers its words counted alone).
+    #[inline]
+    fn end_word(
+        &mut self,
+        lexicon: &Lexicon,
+        words: &mut Words,
+        hash: u64,
+        start: usize,
+        end: usize,
+        next: u8,
+    ) {
+        if self.word_hashes.len() < MAX_WORD_HASHES {
+            self.word_hashes.push(hash);
+        }
+        let mut phrase = 0;
+        let mut taken = 0;
+        // How many recent words are free and each followed by exactly one byte.
+        let mut chain = 0;
+        let mut at = start;
+        while chain < words.n.min(lexicon.longest - 1) {
+            let r = &words.recent[chain];
+            if !r.free || r.end + 1 != at {
+                break;
             }
-            self.nonempty_lines += 1;
-            let lb = t.as_bytes();
-            if t.ends_with(';')
-                || t.ends_with('{')
-                || t.ends_with('}')
-                || line.starts_with("    ")
-                || line.starts_with('\t')
-            {
-                self.code_lines += 1;
+            at = r.start;
+            chain += 1;
+        }
+        for n in (1..=chain).rev() {
+            let mut key = words.recent[n - 1].hash;
+            for j in (0..n - 1).rev() {
+                key = mix(key, words.recent[j].hash).max(1);
             }
-            let ts = t.trim_start().as_bytes();
-            let digits = ts.iter().take_while(|c| c.is_ascii_digit()).count();
-            if (digits > 0 && matches!(ts.get(digits), Some(b'.') | Some(b')')))
-                || ts.starts_with(b"- ")
-                || ts.starts_with(b"* ")
-            {
-                self.list_lines += 1;
-            }
-            if lb.len() >= 2 && (b'A'..=b'E').contains(&lb[0]) && lb[1] == b'.' {
-                self.choice_lines += 1;
+            key = mix(key, hash).max(1);
+            let m = lexicon.get(key, n + 1, next);
+            if m != 0 {
+                phrase = m;
+                taken = n;
+                break;
             }
         }
-        // Marker words, on word boundaries.
-        for m in LEXICON_AC.find_iter(text) {
-            let (start, end) = (m.start(), m.end());
-            let pat = LEXICON[m.pattern().as_usize()].0.as_bytes();
-            let left_ok = !pat[0].is_ascii_alphanumeric()
-                || start == 0
-                || !b[start - 1].is_ascii_alphanumeric();
-            let right_ok = !pat[pat.len() - 1].is_ascii_alphanumeric()
-                || end == b.len()
-                || !b[end].is_ascii_alphanumeric();
-            if left_ok && right_ok {
-                self.markers[LEXICON[m.pattern().as_usize()].1 as usize] += 1;
+        let counted = if taken > 0 {
+            for r in &mut words.recent[..taken] {
+                self.count(r.counted, false);
+                r.counted = 0;
+                r.free = false;
             }
+            self.count(phrase, true);
+            0
+        } else {
+            let m = lexicon.get(hash, 1, next);
+            self.count(m, true);
+            m
+        };
+        words.recent.copy_within(0..2, 1);
+        words.recent[0] = Recent {
+            hash,
+            start,
+            end,
+            counted,
+            free: taken == 0,
+        };
+        words.n = (words.n + 1).min(3);
+    }
+
+    #[inline]
+    fn count(&mut self, markers: MarkerSet, add: bool) {
+        if markers == 0 {
+            return;
+        }
+        for (i, m) in self.markers.iter_mut().enumerate() {
+            if markers & (1 << i) != 0 {
+                if add {
+                    *m += 1;
+                } else {
+                    *m -= 1;
+                }
+            }
+        }
+    }
+
+    /// The shape of one line (without its `\n`).
+    fn line(&mut self, line: &str) {
+        self.lines += 1;
+        let t = line.trim_end();
+        if t.trim_start().is_empty() {
+            return;
+        }
+        self.nonempty_lines += 1;
+        let lb = t.as_bytes();
+        if t.ends_with(';')
+            || t.ends_with('{')
+            || t.ends_with('}')
+            || line.starts_with("    ")
+            || line.starts_with('\t')
+        {
+            self.code_lines += 1;
+        }
+        let ts = t.trim_start().as_bytes();
+        let digits = ts.iter().take_while(|c| c.is_ascii_digit()).count();
+        if (digits > 0 && matches!(ts.get(digits), Some(b'.') | Some(b')')))
+            || ts.starts_with(b"- ")
+            || ts.starts_with(b"* ")
+        {
+            self.list_lines += 1;
+        }
+        if lb.len() >= 2 && (b'A'..=b'E').contains(&lb[0]) && lb[1] == b'.' {
+            self.choice_lines += 1;
         }
     }
 
@@ -389,8 +743,11 @@ mod tests {
         assert_eq!(s.fences, 2);
         assert_eq!(s.code_lines, 1);
         assert_eq!(s.arithmetic, 1);
+        assert_eq!(s.lines, 6);
+        assert_eq!(s.nonempty_lines, 6);
         assert_eq!(s.marker(Marker::WhWord), 1);
         assert_eq!(s.marker(Marker::CodeKeyword), 1);
+        assert_eq!(s.numbers, 5);
     }
 
     #[test]
@@ -401,5 +758,77 @@ mod tests {
         let s = Scan::new(["First do this, then that. Finally, you must stop."]);
         assert_eq!(s.marker(Marker::MultiStep), 3);
         assert_eq!(s.marker(Marker::Constraint), 1);
+        assert_eq!(s.marker(Marker::CodeKeyword), 0);
+    }
+
+    #[test]
+    fn phrases_take_their_words_longest_first() {
+        // "how many" is a math phrase, not a wh-word; "step by step" is one reasoning marker, not
+        // two multi-step ones; "no more than" is one constraint, not "more" plus "more than".
+        let s = Scan::new(["How many apples? Think step by step, no more than twice."]);
+        assert_eq!(s.marker(Marker::WhWord), 0);
+        assert_eq!(s.marker(Marker::MathWord), 2); // "how many", "twice"
+        assert_eq!(s.marker(Marker::Reasoning), 1);
+        assert_eq!(s.marker(Marker::MultiStep), 0);
+        assert_eq!(s.marker(Marker::Constraint), 1);
+        assert_eq!(s.marker(Marker::Comparative), 1); // "twice"
+        // A phrase's words must be one byte apart: "how  many" is two words.
+        let s = Scan::new(["how  many"]);
+        assert_eq!(s.marker(Marker::WhWord), 1);
+        assert_eq!(s.marker(Marker::MathWord), 0);
+        // Prefix and suffix bytes: `#include`, `\frac`, `self.` (but not `self`), `console.log`,
+        // `trade-off`, `don't`.
+        let s = Scan::new([
+            "#include <x> \\frac{1}{2} self.x self console.log(1) a trade-off; don't \\left",
+        ]);
+        assert_eq!(s.marker(Marker::CodeKeyword), 3);
+        assert_eq!(s.marker(Marker::Latex), 2);
+        assert_eq!(s.marker(Marker::Reasoning), 1);
+        assert_eq!(s.marker(Marker::Constraint), 1);
+        // `\leq` is not `\le`, and `include` without `#` is not a keyword.
+        let s = Scan::new(["\\leq include"]);
+        assert_eq!(s.markers, [0; MARKERS]);
+    }
+
+    #[test]
+    fn quantities() {
+        let s = Scan::new([
+            "Tom has 1,250 marbles and 3.5 kg of sand; he gives away 3/4 of them, 20% more than \
+             half a dozen.",
+        ]);
+        // 1,250 / 3.5 / 3 / 4 / 20
+        assert_eq!(s.numbers, 5);
+        assert_eq!(s.fractions, 1);
+        assert_eq!(s.percents, 1);
+        assert_eq!(s.commas, 2);
+        assert_eq!(s.marker(Marker::NumberWord), 1); // dozen
+        assert_eq!(s.marker(Marker::FractionWord), 1); // half
+        // "more than" is a constraint phrase, so "more" does not count alone.
+        assert_eq!(s.marker(Marker::Comparative), 0);
+        assert_eq!(s.marker(Marker::Constraint), 1);
+    }
+
+    #[test]
+    fn word_hashes_fold_ascii_case_and_split_like_words() {
+        let a = Scan::new(["Hello, wörld! it's x_1+2"]);
+        let b = Scan::new(["hello wÖrld it's x 1 2"]);
+        // "wörld" and "wÖrld" differ (only ASCII case folds); the rest agree word by word.
+        assert_eq!(a.word_hashes.len(), 6);
+        assert_eq!(b.word_hashes.len(), 6);
+        for i in [0, 2, 3, 4, 5] {
+            assert_eq!(a.word_hashes[i], b.word_hashes[i], "word {i}");
+        }
+        assert_ne!(a.word_hashes[1], b.word_hashes[1]);
+        // A long text keeps only the first MAX_WORD_HASHES.
+        let long = "word ".repeat(2 * MAX_WORD_HASHES);
+        assert_eq!(Scan::new([long.as_str()]).word_hashes.len(), MAX_WORD_HASHES);
+    }
+
+    #[test]
+    fn every_lexicon_pattern_matches_itself() {
+        for (pattern, marker) in LEXICON {
+            let s = Scan::new([format!(" {pattern} ").as_str()]);
+            assert!(s.marker(*marker) >= 1, "{pattern:?} did not count as {marker:?}");
+        }
     }
 }

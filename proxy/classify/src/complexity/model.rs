@@ -121,7 +121,7 @@ impl Model {
         for (x, w) in x.iter().zip(&self.dense_weights) {
             logit += x * w;
         }
-        features::hashed(view, self.hash_bits, |b, v| {
+        features::hashed(scan, self.hash_bits, |b, v| {
             logit += self.hashed_weights[b] * v
         });
         sigmoid(logit)
@@ -136,7 +136,7 @@ impl Model {
             dense[i] = x * w;
         }
         let mut hashed: Vec<(u32, f32)> = Vec::new();
-        features::hashed(view, self.hash_bits, |b, v| {
+        features::hashed(scan, self.hash_bits, |b, v| {
             hashed.push((b as u32, self.hashed_weights[b] * v))
         });
         hashed.sort_by_key(|(b, _)| *b);

@@ -25,7 +25,7 @@ impl Example {
         let scan = Scan::new(view.last_turn());
         Self {
             dense: features::dense(&view, &scan),
-            hashed: features::hashed_sparse(&view, hash_bits),
+            hashed: features::hashed_sparse(&scan, hash_bits),
             label,
         }
     }
