@@ -108,7 +108,7 @@ impl Cache {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use api::classifier;
     use kinference_classify::{Prompt, Role, Turn};

@@ -750,7 +750,9 @@ mod tests {
 
     fn shared() -> Arc<Shared> {
         let s = Arc::new(Shared::new(Workload::parse("default/app", vec![]), 1, 16));
-        let state = s.set_policy(Arc::new(example_proto()));
+        let mut proto = example_proto();
+        proto.classifiers = crate::classify::tests::example();
+        let state = s.set_policy(Arc::new(proto));
         let ep = |port: u16| Ep {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             labels: BTreeMap::new(),

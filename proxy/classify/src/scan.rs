@@ -821,14 +821,20 @@ mod tests {
         assert_ne!(a.word_hashes[1], b.word_hashes[1]);
         // A long text keeps only the first MAX_WORD_HASHES.
         let long = "word ".repeat(2 * MAX_WORD_HASHES);
-        assert_eq!(Scan::new([long.as_str()]).word_hashes.len(), MAX_WORD_HASHES);
+        assert_eq!(
+            Scan::new([long.as_str()]).word_hashes.len(),
+            MAX_WORD_HASHES
+        );
     }
 
     #[test]
     fn every_lexicon_pattern_matches_itself() {
         for (pattern, marker) in LEXICON {
             let s = Scan::new([format!(" {pattern} ").as_str()]);
-            assert!(s.marker(*marker) >= 1, "{pattern:?} did not count as {marker:?}");
+            assert!(
+                s.marker(*marker) >= 1,
+                "{pattern:?} did not count as {marker:?}"
+            );
         }
     }
 }

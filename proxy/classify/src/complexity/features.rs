@@ -66,8 +66,7 @@ pub(crate) fn dense(view: &View<'_>, scan: &Scan) -> [f32; DENSE] {
     let capped = |m: Marker, cap: usize| scan.marker(m).min(cap) as f32;
     let context_bytes: usize = view.context.iter().map(|c| c.len()).sum();
     let quantities = scan.numbers + scan.marker(Marker::NumberWord);
-    let parts =
-        (scan.fractions + scan.percents + scan.marker(Marker::FractionWord)).min(5) as f32;
+    let parts = (scan.fractions + scan.percents + scan.marker(Marker::FractionWord)).min(5) as f32;
     let comparatives = capped(Marker::Comparative, 5);
     let wp = f32::from(u8::from(word_problem(scan)));
     [
