@@ -63,24 +63,45 @@ pub fn definition(classifiers: &[api::Classifier]) -> ClassifierDefinition {
     def
 }
 
-/// Builds a set, dropping tags the classifier crate refuses one by one.
+/// Builds a set, dropping tags the classifier crate refuses one by one. A classifier that panics
+/// while compiling (a bug, such as invalid compiled-in weights) costs its tag, never the request.
 pub fn build(classifiers: &[api::Classifier]) -> ClassifierSet {
     let mut def = definition(classifiers);
+    let empty = || {
+        ClassifierSet::new(&ClassifierDefinition::default())
+            .expect("an empty definition with the default limits is valid")
+    };
     loop {
-        match ClassifierSet::new(&def) {
-            Ok(set) => return set,
-            Err(error) => {
-                let Some(bad) = def
+        if def.tags.is_empty() {
+            return empty();
+        }
+        let attempt =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ClassifierSet::new(&def)));
+        match attempt {
+            Ok(Ok(set)) => return set,
+            Ok(Err(error)) => {
+                let bad = def
                     .tags
                     .iter()
-                    .position(|t| error.to_string().contains(&format!("{:?}", t.name)))
-                else {
+                    .position(|t| error.to_string().contains(&format!("{:?}", t.name)));
+                let Some(bad) = bad else {
                     tracing::warn!(%error, "classifier definitions refused; classifying nothing");
-                    return ClassifierSet::new(&ClassifierDefinition::default())
-                        .unwrap_or_else(|_| ClassifierSet::builtin());
+                    return empty();
                 };
                 let tag = def.tags.remove(bad);
                 tracing::warn!(tag = %tag.name, %error, "skipping a classifier tag");
+            }
+            Err(_) => {
+                // The complexity model is the only part with compiled-in state that can panic.
+                let before = def.tags.len();
+                def.tags
+                    .retain(|t| !matches!(t.kind, TagKind::Complexity { .. }));
+                tracing::error!(
+                    "a classifier panicked while compiling; complexity tags are skipped"
+                );
+                if def.tags.len() == before {
+                    def.tags.clear();
+                }
             }
         }
     }

@@ -748,10 +748,21 @@ mod tests {
         })
     }
 
-    fn shared() -> Arc<Shared> {
+    fn shared(mode: api::balancer::Mode) -> Arc<Shared> {
         let s = Arc::new(Shared::new(Workload::parse("default/app", vec![]), 1, 16));
         let mut proto = example_proto();
+        proto.balancer.as_mut().unwrap().mode = mode as i32;
+        // Keyword tags only: these tests do not depend on the complexity model's weights.
         proto.classifiers = crate::classify::tests::example();
+        proto.classifiers[0]
+            .tags
+            .retain(|t| t.name == "translation");
+        let rule = &mut proto.rules[0];
+        rule.r#match.as_mut().unwrap().tags = vec![api::rule::TagMatch {
+            name: "translation".into(),
+            values: vec!["true".into()],
+            min_confidence: 0.5,
+        }];
         let state = s.set_policy(Arc::new(proto));
         let ep = |port: u16| Ep {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
@@ -803,20 +814,25 @@ mod tests {
 
     #[tokio::test]
     async fn model_is_rewritten_only_when_a_substitute_wins() {
-        let s = shared();
+        let s = shared(api::balancer::Mode::Enforce);
         let seen: Seen = Arc::default();
         let mut svc =
             tower::Layer::layer(&InferenceLayer::new(s.clone()), fake(seen.clone(), |_| 200));
-        // Low complexity: qwen (idle) beats loaded glm; the body names qwen.
-        let low =
-            r#"{"model":"glm-5.3","messages":[{"role":"user","content":"Hi! What is 2+2?"}]}"#;
+        // Tagged translation=true: qwen (idle) may serve it and beats loaded glm; the body names qwen.
+        let low = r#"{"model":"glm-5.3","messages":[{"role":"user","content":"Please translate hello in French"}]}"#;
         let rsp = svc.call(request(low)).await.unwrap();
-        assert_eq!(rsp.headers()[ENDPOINT_HEADER], "127.0.0.1:3");
+        let rec = s.decisions.snapshot(Some("r1"));
+        assert_eq!(
+            rsp.headers()[ENDPOINT_HEADER],
+            "127.0.0.1:3",
+            "{}",
+            serde_json::to_string(&rec).unwrap()
+        );
         let (addr, body) = seen.lock()[0].clone();
         assert_eq!(addr.port(), 3);
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["model"], "qwen-3.6-27b");
-        // High complexity: only glm is allowed; the body is forwarded byte for byte.
+        // Not tagged: only glm is allowed; the body is forwarded byte for byte.
         let high = r#"{"model":"glm-5.3", "messages":[{"role":"user","content":"Design a distributed consensus protocol tolerant to Byzantine faults for a geo-replicated database; derive its message complexity, prove safety and liveness under partial synchrony, and compare it with PBFT and HotStuff in latency and throughput."}]}"#;
         let rsp = svc.call(request(high)).await.unwrap();
         assert_eq!(rsp.headers()[ENDPOINT_HEADER], "127.0.0.1:1");
@@ -828,7 +844,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_503_before_the_first_byte_is_retried_on_the_next_best() {
-        let s = shared();
+        let s = shared(api::balancer::Mode::Enforce);
         let seen: Seen = Arc::default();
         let mut svc = tower::Layer::layer(
             &InferenceLayer::new(s.clone()),
@@ -837,8 +853,7 @@ mod tests {
                 |a: SocketAddr| if a.port() == 3 { 503 } else { 200 },
             ),
         );
-        let low =
-            r#"{"model":"glm-5.3","messages":[{"role":"user","content":"Hi! What is 2+2?"}]}"#;
+        let low = r#"{"model":"glm-5.3","messages":[{"role":"user","content":"Please translate hello in French"}]}"#;
         let rsp = svc.call(request(low)).await.unwrap();
         assert_eq!(rsp.status(), 200);
         let ports: Vec<u16> = seen.lock().iter().map(|(a, _)| a.port()).collect();
@@ -850,5 +865,26 @@ mod tests {
             s.decisions.snapshot(Some("r1"))[0].attempts,
             vec!["127.0.0.1:3", "127.0.0.1:1"]
         );
+    }
+
+    #[tokio::test]
+    async fn shadow_mode_records_the_decision_but_sends_to_the_requested_pool() {
+        let s = shared(api::balancer::Mode::Shadow);
+        let seen: Seen = Arc::default();
+        let mut svc =
+            tower::Layer::layer(&InferenceLayer::new(s.clone()), fake(seen.clone(), |_| 200));
+        let low = r#"{"model":"glm-5.3","messages":[{"role":"user","content":"Please translate hello in French"}]}"#;
+        let rsp = svc.call(request(low)).await.unwrap();
+        assert_eq!(rsp.headers()[ENDPOINT_HEADER], "127.0.0.1:1");
+        let rec = &s.decisions.snapshot(Some("r1"))[0];
+        assert_eq!(rec.mode, "shadow");
+        assert_eq!(
+            rec.decision.chosen_endpoint().map(|e| e.as_str()),
+            Some("127.0.0.1:3")
+        );
+        assert_eq!(rec.attempts, vec!["127.0.0.1:1"]);
+        assert_eq!(&seen.lock()[0].1[..], low.as_bytes(), "not rewritten");
+        let text = s.metrics.encode();
+        assert!(text.contains(r#"mode="shadow"} 1"#), "{text}");
     }
 }

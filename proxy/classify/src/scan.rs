@@ -242,73 +242,89 @@ const LEXICON: &[(&str, Marker)] = &[
 /// Markers as a bit set.
 type MarkerSet = u16;
 
-/// One lexicon entry: the hash key of the word or phrase, its markers, how many words it has and a
-/// byte that must follow it (0 for none).
+/// One lexicon entry: the hash key of a word or phrase, its markers (none for a phrase's proper
+/// prefix), how many words it has, a byte that must follow it (0 for none) and whether a longer
+/// phrase starts with it.
 #[derive(Clone, Copy, Debug, Default)]
 struct Entry {
     key: u64,
     markers: MarkerSet,
     words: u8,
     next: u8,
+    prefix: bool,
 }
 
 /// An open-addressing table of the lexicon, keyed by word (or combined phrase) hash.
 struct Lexicon {
     slots: Vec<Entry>,
     mask: usize,
-    /// The most words in a phrase.
-    longest: usize,
 }
 
 impl Lexicon {
     fn build(words: &[(&str, Marker)]) -> Self {
-        let cap = (words.len() * 4).next_power_of_two();
+        let cap = (words.len() * 8).next_power_of_two();
         let mut lex = Self {
             slots: vec![Entry::default(); cap],
             mask: cap - 1,
-            longest: 1,
         };
         for (pattern, marker) in words {
             let (hashes, next) = pattern_words(pattern);
-            let key = phrase_key(&hashes);
-            lex.longest = lex.longest.max(hashes.len());
-            let mut i = key as usize & lex.mask;
-            loop {
-                let e = &mut lex.slots[i];
-                if e.key == 0 {
-                    *e = Entry {
-                        key,
-                        markers: 1 << *marker as usize,
-                        words: hashes.len() as u8,
-                        next,
-                    };
-                    break;
-                }
-                if e.key == key {
-                    assert_eq!(e.next, next, "lexicon entry {pattern:?} conflicts");
-                    e.markers |= 1 << *marker as usize;
-                    break;
-                }
-                i = (i + 1) & lex.mask;
+            for n in 1..hashes.len() {
+                let e = lex.slot(phrase_key(&hashes[..n]), n);
+                e.prefix = true;
             }
+            let e = lex.slot(phrase_key(&hashes), hashes.len());
+            assert!(
+                e.markers == 0 || e.next == next,
+                "lexicon entry {pattern:?} conflicts"
+            );
+            e.markers |= 1 << *marker as usize;
+            e.next = next;
         }
         lex
     }
 
+    /// The entry of `key`, inserted empty when absent.
+    fn slot(&mut self, key: u64, words: usize) -> &mut Entry {
+        let mut i = key as usize & self.mask;
+        while self.slots[i].key != 0 && self.slots[i].key != key {
+            i = (i + 1) & self.mask;
+        }
+        let e = &mut self.slots[i];
+        if e.key == 0 {
+            *e = Entry {
+                key,
+                words: words as u8,
+                ..Entry::default()
+            };
+        }
+        assert_eq!(usize::from(e.words), words, "lexicon hash collision");
+        e
+    }
+
     #[inline]
-    fn get(&self, key: u64, words: usize, next: u8) -> MarkerSet {
+    fn get(&self, key: u64) -> Option<&Entry> {
         let mut i = key as usize & self.mask;
         loop {
             let e = &self.slots[i];
             if e.key == key {
-                let ok = usize::from(e.words) == words && (e.next == 0 || e.next == next);
-                return if ok { e.markers } else { 0 };
+                return Some(e);
             }
             if e.key == 0 {
-                return 0;
+                return None;
             }
             i = (i + 1) & self.mask;
         }
+    }
+}
+
+/// The markers of `e` when the byte after it is `next`.
+#[inline]
+fn markers_of(e: &Entry, next: u8) -> MarkerSet {
+    if e.next == 0 || e.next == next {
+        e.markers
+    } else {
+        0
     }
 }
 
@@ -480,23 +496,21 @@ pub(crate) struct Scan {
     pub word_hashes: Vec<u64>,
 }
 
-/// A word already read, for phrase matching.
+/// A phrase in progress: the key of its words so far, how many, and the markers each counted alone
+/// (taken back when the phrase completes).
 #[derive(Clone, Copy, Debug, Default)]
-struct Recent {
-    hash: u64,
-    start: usize,
-    end: usize,
-    /// The markers it counted for on its own (undone when a phrase takes it).
-    counted: MarkerSet,
-    /// Not yet part of a matched phrase.
-    free: bool,
+struct Partial {
+    key: u64,
+    words: usize,
+    counted: [MarkerSet; 3],
 }
 
-/// The words of one piece of text as they end, most recent first.
+/// Phrases in progress in one piece of text, longest first, and where the last word ended.
 #[derive(Default)]
 struct Words {
-    recent: [Recent; 3],
+    partial: [Partial; 3],
     n: usize,
+    last_end: usize,
 }
 
 impl Scan {
@@ -518,31 +532,35 @@ impl Scan {
         let lexicon = &*LEXICON_TABLE;
         let mut words = Words::default();
         let mut counts = [0usize; CLASSES];
+        // Runs of word bytes for the word count.
+        let mut word_runs = 0;
         let mut in_word = false;
+        let (mut arithmetic, mut numbers, mut fractions, mut fences) = (0, 0, 0, 0);
         let mut last_digit_at: Option<usize> = None;
         let mut op_after_digit = false;
         let mut line_start = 0;
-        // The hashed word being read: its hash state and start.
-        let mut word: Option<(u64, usize)> = None;
+        // The hashed word being read: its hash state and start (`usize::MAX`: none).
+        let mut h = 0u64;
+        let mut word_start = usize::MAX;
         let mut i = 0;
         while i < b.len() {
             let c = b[i];
             let k = CLASS[c as usize];
             counts[k as usize] += 1;
             let w = WORD[c as usize];
-            self.words += usize::from(w & !in_word);
+            word_runs += usize::from(w & !in_word);
             in_word = w;
             let mut len = 1;
-            let mut hashed = k == K_DIGIT || k == K_LOWER || k == K_UPPER || k == K_APOSTROPHE;
+            let mut hashed = (K_DIGIT..=K_UPPER).contains(&k) || k == K_APOSTROPHE;
             if k == K_DIGIT {
                 if op_after_digit {
-                    self.arithmetic += 1;
+                    arithmetic += 1;
                     op_after_digit = false;
                 }
                 let continues = i > 0
                     && (b[i - 1].is_ascii_digit()
                         || (matches!(b[i - 1], b',' | b'.') && i > 1 && b[i - 2].is_ascii_digit()));
-                self.numbers += usize::from(!continues);
+                numbers += usize::from(!continues);
                 last_digit_at = Some(i);
             } else if k >= K_NON_ASCII {
                 match k {
@@ -553,7 +571,7 @@ impl Scan {
                     }
                     K_BACKTICK => {
                         if b.get(i..i + 3) == Some(b"```") && (i == 0 || b[i - 1] != b'`') {
-                            self.fences += 1;
+                            fences += 1;
                         }
                     }
                     K_NEWLINE => {
@@ -569,7 +587,7 @@ impl Scan {
                             && b[i - 1].is_ascii_digit()
                             && b.get(i + 1).is_some_and(u8::is_ascii_digit)
                         {
-                            self.fractions += 1;
+                            fractions += 1;
                         }
                     }
                 }
@@ -578,21 +596,32 @@ impl Scan {
                 op_after_digit = false;
             }
             if hashed {
-                let (mut h, start) =
-                    word.unwrap_or_else(|| (word_seed(i.checked_sub(1).map(|p| b[p])), i));
-                for &byte in &b[i..i + len] {
-                    h = word_step(h, byte);
+                if word_start == usize::MAX {
+                    word_start = i;
+                    h = word_seed(i.checked_sub(1).map(|p| b[p]));
                 }
-                word = Some((h, start));
-            } else if let Some((h, start)) = word.take() {
-                self.end_word(lexicon, &mut words, word_finish(h), start, i, c);
+                if len == 1 {
+                    h = word_step(h, c);
+                } else {
+                    for &byte in &b[i..i + len] {
+                        h = word_step(h, byte);
+                    }
+                }
+            } else if word_start != usize::MAX {
+                self.end_word(lexicon, &mut words, word_finish(h), word_start, i, c);
+                word_start = usize::MAX;
             }
             i += len;
         }
-        if let Some((h, start)) = word {
-            self.end_word(lexicon, &mut words, word_finish(h), start, b.len(), 0);
+        if word_start != usize::MAX {
+            self.end_word(lexicon, &mut words, word_finish(h), word_start, b.len(), 0);
         }
         self.line(&text[line_start..]);
+        self.words += word_runs;
+        self.arithmetic += arithmetic;
+        self.numbers += numbers;
+        self.fractions += fractions;
+        self.fences += fences;
         self.digits += counts[K_DIGIT as usize];
         self.letters += counts[K_LOWER as usize] + counts[K_UPPER as usize];
         self.uppercase += counts[K_UPPER as usize];
@@ -608,7 +637,7 @@ impl Scan {
 
     /// A word of `start..end` with hash `hash` has ended before byte `next` (0 at the end): keep its
     /// hash and count its markers, or a phrase's that it completes (longest first; a phrase takes
-    /// back the markers its words counted alone).
+    /// back the markers its words counted alone, and its words start no other phrase).
     #[inline]
     fn end_word(
         &mut self,
@@ -622,54 +651,57 @@ impl Scan {
         if self.word_hashes.len() < MAX_WORD_HASHES {
             self.word_hashes.push(hash);
         }
-        let mut phrase = 0;
-        let mut taken = 0;
-        // How many recent words are free and each followed by exactly one byte.
-        let mut chain = 0;
-        let mut at = start;
-        while chain < words.n.min(lexicon.longest - 1) {
-            let r = &words.recent[chain];
-            if !r.free || r.end + 1 != at {
-                break;
+        // Phrases continue only over exactly one byte between words.
+        let contiguous = words.n > 0 && words.last_end + 1 == start;
+        words.last_end = end;
+        let mut extended = [Partial::default(); 3];
+        let mut n_extended = 0;
+        if contiguous {
+            for p in &words.partial[..words.n] {
+                let key = mix(p.key, hash).max(1);
+                let Some(e) = lexicon.get(key) else { continue };
+                let m = markers_of(e, next);
+                if m != 0 {
+                    for c in &p.counted[..p.words] {
+                        self.count(*c, false);
+                    }
+                    self.count(m, true);
+                    words.n = 0;
+                    return;
+                }
+                if e.prefix && p.words < 3 && n_extended < extended.len() {
+                    let mut counted = p.counted;
+                    counted[p.words] = 0;
+                    extended[n_extended] = Partial {
+                        key,
+                        words: p.words + 1,
+                        counted,
+                    };
+                    n_extended += 1;
+                }
             }
-            at = r.start;
-            chain += 1;
         }
-        for n in (1..=chain).rev() {
-            let mut key = words.recent[n - 1].hash;
-            for j in (0..n - 1).rev() {
-                key = mix(key, words.recent[j].hash).max(1);
-            }
-            key = mix(key, hash).max(1);
-            let m = lexicon.get(key, n + 1, next);
-            if m != 0 {
-                phrase = m;
-                taken = n;
-                break;
-            }
+        let mut counted = 0;
+        let mut starts_phrase = false;
+        if let Some(e) = lexicon.get(hash) {
+            counted = markers_of(e, next);
+            self.count(counted, true);
+            starts_phrase = e.prefix;
         }
-        let counted = if taken > 0 {
-            for r in &mut words.recent[..taken] {
-                self.count(r.counted, false);
-                r.counted = 0;
-                r.free = false;
-            }
-            self.count(phrase, true);
-            0
-        } else {
-            let m = lexicon.get(hash, 1, next);
-            self.count(m, true);
-            m
-        };
-        words.recent.copy_within(0..2, 1);
-        words.recent[0] = Recent {
-            hash,
-            start,
-            end,
-            counted,
-            free: taken == 0,
-        };
-        words.n = (words.n + 1).min(3);
+        // The partial phrases extended by this word, then this word alone if a phrase starts with it.
+        for p in &mut extended[..n_extended] {
+            p.counted[p.words - 1] = counted;
+        }
+        if starts_phrase && n_extended < extended.len() {
+            extended[n_extended] = Partial {
+                key: hash,
+                words: 1,
+                counted: [counted, 0, 0],
+            };
+            n_extended += 1;
+        }
+        words.partial = extended;
+        words.n = n_extended;
     }
 
     #[inline]

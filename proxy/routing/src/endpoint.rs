@@ -149,10 +149,6 @@ pub struct Signals {
     pub prefix_cache: Option<Observed<PrefixCacheCounters>>,
     /// The hit fraction between the last two counter readings (other clients' cache reuse).
     pub prefix_hit_fraction: Option<Observed<f64>>,
-    /// Prompt tokens admitted and not found in the prefix cache, per second, between the last two
-    /// counter readings (`Δ(queries − hits) / Δt`): how much prefill work the endpoint is doing,
-    /// for every client together.
-    pub uncached_prompt_tokens_per_second: Option<Observed<f64>>,
 }
 
 /// One scrape of an endpoint's metrics: every field present is stamped with `at`.
@@ -200,16 +196,9 @@ impl Signals {
                     .saturating_sub(prev.value.queries_tokens);
                 let hits = counters.hits_tokens.saturating_sub(prev.value.hits_tokens);
                 // A counter reset (engine restart) shows as going backwards: skip that interval.
-                let forward = counters.queries_tokens >= prev.value.queries_tokens;
-                if queries > 0 && forward {
+                if queries > 0 && counters.queries_tokens >= prev.value.queries_tokens {
                     let fraction = (hits as f64 / queries as f64).clamp(0.0, 1.0);
                     self.prefix_hit_fraction = Some(Observed::new(fraction, at));
-                }
-                let dt_s = at.saturating_since(prev.at).as_secs_f64();
-                if forward && dt_s > 0.0 {
-                    let uncached = queries.saturating_sub(hits) as f64;
-                    self.uncached_prompt_tokens_per_second =
-                        Some(Observed::new(uncached / dt_s, at));
                 }
             }
             set(&mut self.prefix_cache, Some(counters), at);
@@ -262,11 +251,6 @@ mod tests {
         assert_eq!(
             s.prefix_hit_fraction.map(|o| o.value),
             Some(1_500.0 / 2_000.0)
-        );
-        // 500 uncached tokens admitted over the 1 s between the readings.
-        assert_eq!(
-            s.uncached_prompt_tokens_per_second.map(|o| o.value),
-            Some(500.0)
         );
         // A restart resets the counters: no fraction is derived from that interval.
         s.apply(&counters(10, 0), Time::from_secs_f64(3.0));

@@ -27,9 +27,6 @@ pub struct PeakEwma {
     tau_s: f64,
     rest: f64,
     observed: bool,
-    /// Whether a higher observation replaces the estimate at once (peak) or is blended like a
-    /// lower one (a plain time-weighted EWMA).
-    peak: bool,
 }
 
 impl PeakEwma {
@@ -42,16 +39,6 @@ impl PeakEwma {
             tau_s: tau.as_secs_f64().max(f64::MIN_POSITIVE),
             rest,
             observed: false,
-            peak: true,
-        }
-    }
-
-    /// A plain time-weighted EWMA: like [`PeakEwma::new`], but a higher observation is blended in
-    /// with the same weight `1 − exp(−dt/tau)` as a lower one instead of replacing the estimate.
-    pub fn symmetric(initial: f64, rest: f64, tau: Duration, at: Time) -> Self {
-        Self {
-            peak: false,
-            ..Self::new(initial, rest, tau, at)
         }
     }
 
@@ -77,7 +64,7 @@ impl PeakEwma {
             return;
         }
         let current = self.value_at(at);
-        self.value = if self.peak && observation > current {
+        self.value = if observation > current {
             // Peak: the worst recent news is believed at once.
             observation
         } else {

@@ -25,6 +25,8 @@ pub struct InFlightRequest {
     pub kv_pressure_factor: f64,
     /// The uncorrected TTFT predicted at dispatch, in seconds (used to learn the correction).
     pub predicted_raw_ttft_s: f64,
+    /// The uncorrected wait predicted at dispatch, in seconds (the part the correction scales).
+    pub predicted_wait_s: f64,
     /// Whether this request's TTFT may teach the prefill rate: only when the wait predicted at
     /// dispatch was prefill-bound and no longer than its own prefill. Otherwise the TTFT is
     /// dominated by a wait the rate does not explain, and any error in that wait would be read as
@@ -146,6 +148,7 @@ mod tests {
             predicted_non_prefill_s: 0.0,
             kv_pressure_factor: 1.0,
             predicted_raw_ttft_s: 0.1,
+            predicted_wait_s: 0.0,
             teaches_rate: true,
         }
     }

@@ -49,14 +49,14 @@ pub struct PredictConfig {
     pub kv_pressure_threshold: f64,
     /// How much the estimate rises at 100 % KV usage (`factor = 1 + gain` there).
     pub kv_pressure_gain: f64,
-    /// Bounds of the observed/predicted correction.
+    /// Bounds of the correction of the wait (observed wait / predicted wait).
     pub correction_min: f64,
     pub correction_max: f64,
+    /// A first token teaches the correction only when the wait was at least this fraction of the
+    /// predicted TTFT (otherwise the observed wait is mostly noise of the prefill and overhead).
+    pub correction_min_wait_fraction: f64,
     /// Decay time constant of the correction peak-EWMA.
     pub correction_tau: Duration,
-    /// Whether the correction believes a slow observation at once (peak-EWMA) or blends it like
-    /// any other (a time-weighted EWMA).
-    pub correction_peak: bool,
     /// Weight of one new prefill-rate sample.
     pub rate_alpha: f64,
     /// Requests with fewer uncached tokens do not teach the prefill rate (too much noise).
@@ -80,8 +80,8 @@ impl Default for PredictConfig {
             kv_pressure_gain: 1.0,
             correction_min: 0.5,
             correction_max: 4.0,
+            correction_min_wait_fraction: 0.5,
             correction_tau: crate::ewma::DEFAULT_TAU,
-            correction_peak: true,
             rate_alpha: 0.2,
             rate_min_sample_tokens: 64,
             rate_max_step_factor: 10.0,
@@ -233,12 +233,7 @@ pub struct Prediction {
     pub queued_prefill_tokens: f64,
     pub running_seqs: u32,
     pub prefill_tokens_per_second: f64,
-    /// Fraction of time the endpoint spends prefilling (all clients), from its prefix counters.
-    pub prefill_busy_fraction: f64,
-    /// Expected remainder of the engine step in progress at arrival, in seconds.
-    pub step_residual_s: f64,
-    /// `queued_prefill_tokens / rate + step_residual_s`: the wait if the endpoint is
-    /// prefill-bound.
+    /// `queued_prefill_tokens / rate`: the wait if the endpoint is prefill-bound.
     pub prefill_wait_s: f64,
     /// KV tokens free at the endpoint (`(1 − usage) × capacity`), when usage and capacity are known.
     pub kv_free_tokens: Option<f64>,
@@ -326,28 +321,9 @@ pub fn predict(
 
     let rate = view.prefill_tokens_per_second.max(1.0);
     let budget_tokens = f64::from(view.prior.max_num_batched_tokens.max(1));
-
-    // The engine step in progress when the request arrives: its remainder is waited for. A step
-    // is a prefill chunk (the endpoint prefills a fraction `busy` of the time, from the prefix
-    // counters: all clients' uncached prompt tokens per second over the rate) or a decode step
-    // of the running batch; a random arrival waits on average half of the step it lands in.
     let decode_step_s = view.prior.time_per_output_token_s
         + f64::from(running_seqs) * view.prior.decode_step_per_seq_s;
-    let prefill_busy_fraction = s
-        .uncached_prompt_tokens_per_second
-        .filter(|o| o.is_fresh(now, budget))
-        .map_or(0.0, |o| (o.value / rate).clamp(0.0, 1.0));
-    let prefill_step_s = other_request_tokens.min(budget_tokens) / rate;
-    let step_residual_s = if std::env::var_os("KINF_R1").is_some() {
-        0.5 * prefill_busy_fraction * prefill_step_s
-    } else {
-        0.0
-    } + if running_seqs > 0 {
-        0.5 * (1.0 - prefill_busy_fraction) * decode_step_s
-    } else {
-        0.0
-    };
-    let prefill_wait_s = queued_prefill_tokens / rate + step_residual_s;
+    let prefill_wait_s = queued_prefill_tokens / rate;
     let prefill_s = f64::from(uncached_tokens) / rate;
     let decode_interference_s = if running_seqs > 0 {
         let steps = ((queued_prefill_tokens + f64::from(uncached_tokens)) / budget_tokens)
@@ -410,7 +386,9 @@ pub fn predict(
     let correction = view
         .correction
         .clamp(config.correction_min, config.correction_max);
-    let predicted_ttft_s = raw_ttft_s * correction;
+    // The correction scales the wait only: the wait is what rests on signals the proxy sees
+    // partly or late (other clients' queues, completions); its own prefill is known well.
+    let predicted_ttft_s = raw_ttft_s + wait_s * (correction - 1.0);
 
     // What this request costs the ones that will queue behind it. In a steady queue about as many
     // will queue behind it as are ahead of it now. When its prompt does not fit in the free KV
@@ -452,8 +430,6 @@ pub fn predict(
         queued_prefill_tokens,
         running_seqs,
         prefill_tokens_per_second: rate,
-        prefill_busy_fraction,
-        step_residual_s,
         prefill_wait_s,
         kv_free_tokens,
         completions_ahead,
@@ -482,7 +458,7 @@ pub fn predict(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inflight::InFlightRequest;
+    use crate::{endpoint::CacheConfig, inflight::InFlightRequest};
 
     fn t(secs: f64) -> Time {
         Time::from_secs_f64(secs)
@@ -505,6 +481,7 @@ mod tests {
                 predicted_non_prefill_s: 0.0,
                 kv_pressure_factor: 1.0,
                 predicted_raw_ttft_s: 0.1,
+                predicted_wait_s: 0.0,
                 teaches_rate: true,
             });
         }
@@ -543,15 +520,131 @@ mod tests {
         assert!(close(p.other_request_tokens, 1_000.0));
         assert!(close(p.queued_prefill_tokens, 4_500.0));
         assert_eq!(p.running_seqs, 10);
-        assert!(close(p.wait_s, 0.45));
+        assert!(close(p.prefill_wait_s, 0.45));
+        // No cache configuration scraped: no capacity-bound wait.
+        assert_eq!((p.kv_free_tokens, p.completions_ahead), (None, 0));
+        assert!(!p.capacity_bound && close(p.wait_s, 0.45));
         assert!(close(p.prefill_s, 0.4));
         assert!(close(p.decode_interference_s, 2.0 * 0.021)); // ceil(8500/8192) steps × (20 ms + 10×0.1 ms)
         assert!(close(p.kv_pressure_factor, 1.5));
-        assert!(close(p.raw_ttft_s, 0.892 * 1.5 + 0.01));
-        assert!(close(p.predicted_ttft_s, (0.892 * 1.5 + 0.01) * 1.2));
+        // The KV factor scales this request's own prefill and interference, not the wait.
+        let raw = 0.45 + (0.4 + 0.042) * 1.5 + 0.01;
+        assert!(close(p.raw_ttft_s, raw));
+        // The correction scales the wait.
+        assert!(close(p.predicted_ttft_s, raw + 0.45 * 0.2));
+        // 5 requests queued (3 others, 2 own): each waits 0.4 s × 1.5 longer behind this one.
+        assert_eq!((p.queue_depth_requests, p.requests_behind), (5, 5));
+        assert!(close(p.marginal_delay_s, 0.6));
+        assert!(close(p.queue_cost_s, 3.0));
+        assert!(close(p.selection_cost_s, raw + 0.09 + 3.0));
         assert!(p.signals_fresh);
         let w = p.reported_waiting.unwrap();
         assert!(w.used && close(w.age_s, 0.2));
+    }
+
+    /// The second worked example of docs/ttft-model.md: the same endpoint with a 16,000-token KV
+    /// cache that is 95 % full, so the prompts queued ahead and this one do not fit.
+    #[test]
+    fn capacity_bound_wait_is_paced_by_completions() {
+        let (mut signals, own) = example();
+        signals.cache_config = Some(Observed::new(
+            CacheConfig {
+                block_size_tokens: 16,
+                num_gpu_blocks: 1_000,
+            },
+            t(1.0),
+        ));
+        let prior = ModelPrior::default();
+        let view = EndpointView {
+            signals: &signals,
+            inflight: &own,
+            prior: &prior,
+            prefill_tokens_per_second: 10_000.0,
+            correction: 1.2,
+            mean_prompt_tokens: 2_000.0,
+            mean_service_s: Some(20.0),
+        };
+        let p = predict(
+            &view,
+            8_000,
+            Some((4_000, PrefixSource::Approximate)),
+            t(1.2),
+            &PredictConfig::default(),
+        );
+        // Free: 5 % of 16,000 = 800 tokens; each of the 10 running requests holds 1,520.
+        assert!(close(p.kv_free_tokens.unwrap(), 800.0));
+        // 4,500 queued + 4,000 own − 800 free = 7,700 tokens short: ceil(7,700 / 1,520) = 6
+        // completions, which come every 20 s / 10 running = 2 s.
+        assert_eq!(p.completions_ahead, 6);
+        assert!(close(p.service_s, 20.0));
+        assert!(close(p.capacity_wait_s, 12.0));
+        assert!(p.capacity_bound && close(p.wait_s, 12.0));
+        // Capacity-bound: the shortage is the wait itself, so the KV factor is 1.
+        assert!(close(p.kv_pressure_factor, 1.0));
+        let raw = 12.0 + 0.4 + 0.042 + 0.01;
+        assert!(close(p.raw_ttft_s, raw));
+        assert!(close(p.predicted_ttft_s, raw + 12.0 * 0.2));
+        // Every request admitted while this one holds its 4,000 tokens (as many as are running,
+        // 10) waits 4,000 / 1,520 completions × 2 s longer.
+        assert_eq!(p.requests_behind, 10);
+        let share = 4_000.0 / 1_520.0 * 2.0;
+        assert!(close(p.marginal_delay_s, share));
+        assert!(close(p.queue_cost_s, 10.0 * share));
+        assert!(close(p.selection_cost_s, p.predicted_ttft_s + 10.0 * share));
+
+        // A prompt that fits in the free blocks waits for no completion; nor does anything
+        // without a fresh KV usage.
+        let small = predict(&view, 500, None, t(1.2), &PredictConfig::default());
+        assert!(small.completions_ahead > 0); // the 4,500 queued tokens still do not fit
+        let (mut idle, none) = example();
+        idle.num_requests_waiting = Some(Observed::new(0, t(1.0)));
+        idle.cache_config = signals.cache_config;
+        let idle_own = InFlight::default();
+        let _ = none;
+        let view = EndpointView {
+            signals: &idle,
+            inflight: &idle_own,
+            ..view
+        };
+        let fits = predict(&view, 700, None, t(1.2), &PredictConfig::default());
+        assert_eq!(fits.completions_ahead, 0);
+        assert!(close(fits.capacity_wait_s, 0.0) && !fits.capacity_bound);
+        let stale = predict(&view, 8_000, None, t(1.6), &PredictConfig::default());
+        assert_eq!((stale.kv_free_tokens, stale.completions_ahead), (None, 0));
+    }
+
+    #[test]
+    fn service_time_prior_then_learned() {
+        let (mut signals, own) = example();
+        signals.cache_config = Some(Observed::new(
+            CacheConfig {
+                block_size_tokens: 16,
+                num_gpu_blocks: 1_000,
+            },
+            t(1.0),
+        ));
+        let prior = ModelPrior::default();
+        let view = EndpointView {
+            signals: &signals,
+            inflight: &own,
+            prior: &prior,
+            prefill_tokens_per_second: 10_000.0,
+            correction: 1.0,
+            mean_prompt_tokens: 2_000.0,
+            mean_service_s: None,
+        };
+        let cfg = PredictConfig::default();
+        let p = predict(&view, 8_000, None, t(1.2), &cfg);
+        // 256 output tokens × (20 ms + 10 running × 0.1 ms).
+        assert!(close(p.service_s, 256.0 * 0.021));
+        let mut learned = ServiceTime::default();
+        assert_eq!(learned.mean_s(), None);
+        assert!(learned.observe(10.0, &cfg));
+        assert_eq!(learned.mean_s(), Some(10.0));
+        assert!(learned.observe(20.0, &cfg));
+        assert!(close(learned.mean_s().unwrap(), 12.0)); // 10 + 0.2 × (20 − 10)
+        assert!(!learned.observe(-1.0, &cfg) && !learned.observe(f64::NAN, &cfg));
+        assert_eq!(learned.samples(), 2);
     }
 
     #[test]
@@ -581,6 +674,9 @@ mod tests {
         assert!(close(p.kv_pressure_factor, 1.0));
         assert!(close(p.queued_prefill_tokens, 1_500.0));
         assert!(close(p.raw_ttft_s, 0.15 + 0.4 + 0.01));
+        // Only own requests are known to queue: 2, each 0.4 s longer behind this one.
+        assert_eq!(p.requests_behind, 2);
+        assert!(close(p.queue_cost_s, 0.8));
         let w = p.reported_waiting.unwrap();
         assert!(!w.used && close(w.age_s, 0.6));
     }
@@ -608,7 +704,9 @@ mod tests {
         );
         assert_eq!((p.cached_tokens, p.uncached_tokens), (999, 1));
         assert!(close(p.correction, 4.0));
-        assert!(close(p.predicted_ttft_s, (0.0001 + 0.01) * 4.0));
+        // Nothing queued: the correction (of the wait) changes nothing.
+        assert!(close(p.predicted_ttft_s, 0.0001 + 0.01));
+        assert!(close(p.selection_cost_s, p.predicted_ttft_s));
         assert!(!p.signals_fresh);
     }
 

@@ -238,11 +238,7 @@ impl Router {
             inflight: InFlight::default(),
             rate: PrefillRate::new(&prior),
             service: ServiceTime::default(),
-            correction: if self.config.predict.correction_peak {
-                PeakEwma::new(1.0, 1.0, self.config.predict.correction_tau, now)
-            } else {
-                PeakEwma::symmetric(1.0, 1.0, self.config.predict.correction_tau, now)
-            },
+            correction: PeakEwma::new(1.0, 1.0, self.config.predict.correction_tau, now),
             latency: PeakEwma::new(0.0, 0.0, self.config.latency_tau, now),
             precise: None,
             pending_prompts: Vec::new(),
@@ -380,7 +376,17 @@ impl Router {
                     _ => None,
                 };
                 let indexed = precise.unwrap_or((matches.tokens(slot), PrefixSource::Approximate));
-                let pending = st.pending_tokens(request.prompt_blocks);
+                // A prompt sent ahead shares its prefix only if it is prefilled before this one is
+                // admitted: when the endpoint is queueing. Admitted in the same step, both miss.
+                let queueing = st
+                    .signals
+                    .num_requests_waiting
+                    .is_some_and(|o| o.value > 0 && o.is_fresh(now, cfg.predict.freshness_budget));
+                let pending = if queueing {
+                    st.pending_tokens(request.prompt_blocks)
+                } else {
+                    0
+                };
                 let cached = if pending > indexed.0 {
                     (pending, PrefixSource::Pending)
                 } else {
@@ -513,6 +519,7 @@ impl Router {
             predicted_non_prefill_s: p.raw_ttft_s - p.prefill_s * p.kv_pressure_factor,
             kv_pressure_factor: p.kv_pressure_factor,
             predicted_raw_ttft_s: p.raw_ttft_s,
+            predicted_wait_s: p.wait_s,
             teaches_rate: !p.capacity_bound && p.queued_prefill_tokens == 0.0,
         });
         if p.uncached_tokens > 0 && !prompt.hashes().is_empty() {
@@ -553,9 +560,11 @@ impl Router {
                 &cfg,
             );
         }
-        if r.predicted_raw_ttft_s > 0.0 {
-            let ratio =
-                (ttft_s / r.predicted_raw_ttft_s).clamp(cfg.correction_min, cfg.correction_max);
+        let wait_s = r.predicted_wait_s;
+        if wait_s > 0.0 && wait_s >= cfg.correction_min_wait_fraction * r.predicted_raw_ttft_s {
+            // The observed wait: the TTFT less what was predicted for everything but the wait.
+            let observed_wait_s = ttft_s - (r.predicted_raw_ttft_s - wait_s);
+            let ratio = (observed_wait_s / wait_s).clamp(cfg.correction_min, cfg.correction_max);
             st.correction.observe(ratio, at);
         }
         st.latency.observe(ttft_s, at);

@@ -376,10 +376,11 @@ fn readiness_and_lora_filter_candidates_and_are_recorded() {
 }
 
 #[test]
-fn correction_rises_at_once_on_a_slow_first_token_then_decays_toward_one() {
+fn correction_of_the_wait_rises_at_once_on_a_slow_first_token_then_decays_toward_one() {
     let cands = models(&[GLM]);
     let glm = &cands[0];
-    let mut r = fleet(1, GLM, Some((t(1.0), 0)));
+    // Two other clients' requests wait at e0.
+    let mut r = fleet(1, GLM, Some((t(1.0), 2)));
     let e0 = EndpointId::from("e0");
     let blocks = prompt("q");
     let d = r.decide(
@@ -387,29 +388,45 @@ fn correction_rises_at_once_on_a_slow_first_token_then_decays_toward_one() {
         t(1.0),
         &mut ChaCha8Rng::seed_from_u64(0),
     );
-    let raw = d.chosen().unwrap().prediction.raw_ttft_s;
-    assert!(close(raw, 0.1 + 0.01)); // 1,000 tokens / 10,000 tok/s + overhead
+    let p = &d.chosen().unwrap().prediction;
+    // Wait: 2 × the 1,000-token mean prompt / 10,000 tok/s; then 1,000 tokens of prefill and
+    // 10 ms of overhead.
+    assert!(close(p.wait_s, 0.2));
+    let raw = p.raw_ttft_s;
+    assert!(close(raw, 0.2 + 0.1 + 0.01));
     let h = r.dispatch(&d, &blocks, t(1.0)).unwrap();
-    // The first token takes 3× the prediction.
-    r.first_token(h, t(1.0 + 3.0 * raw)).unwrap();
-    let at = t(1.0 + 3.0 * raw);
+    // The first token comes after 3× the predicted wait (and the predicted rest).
+    let at = t(1.0 + 3.0 * 0.2 + 0.11);
+    r.first_token(h, at).unwrap();
     assert!(close(r.correction(&e0, at).unwrap(), 3.0));
+    // A TTFT dominated by a wait says nothing about the prefill rate: still the prior.
+    assert!(close(r.prefill_tokens_per_second(&e0).unwrap(), 10_000.0));
     // One time constant (10 s) later the excess over 1 has decayed by e^-1.
     let later = at + Duration::from_secs(10);
-    assert!(close(
-        r.correction(&e0, later).unwrap(),
-        1.0 + 2.0 * (-1.0f64).exp()
-    ));
-    // And the prediction carries it.
-    scrape(&mut r, &e0, later, 0, 0, 0.1);
+    let c = 1.0 + 2.0 * (-1.0f64).exp();
+    assert!(close(r.correction(&e0, later).unwrap(), c));
+    // And the prediction carries it, on the wait only.
+    scrape(&mut r, &e0, later, 2, 0, 0.1);
     let d = r.decide(
         &request(glm, &cands, 1_000, &blocks),
         later,
         &mut ChaCha8Rng::seed_from_u64(0),
     );
     let p = &d.chosen().unwrap().prediction;
-    assert!(close(p.correction, 1.0 + 2.0 * (-1.0f64).exp()));
-    assert!(close(p.predicted_ttft_s, p.raw_ttft_s * p.correction));
+    assert!(close(p.correction, c));
+    assert!(close(p.predicted_ttft_s, p.raw_ttft_s + p.wait_s * (c - 1.0)));
+    r.complete(h).unwrap();
+    // A request with nothing ahead of it teaches the correction nothing.
+    scrape(&mut r, &e0, later, 0, 0, 0.1);
+    let d = r.decide(
+        &request(glm, &cands, 1_000, &blocks),
+        later,
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    assert!(close(d.chosen().unwrap().prediction.wait_s, 0.0));
+    let h = r.dispatch(&d, &blocks, later).unwrap();
+    r.first_token(h, later + Duration::from_secs(5)).unwrap();
+    assert!(close(r.correction(&e0, later + Duration::from_secs(5)).unwrap(), 1.0 + 2.0 * (-1.5f64).exp()));
 }
 
 #[test]
@@ -523,4 +540,180 @@ fn handles_of_a_removed_endpoint_are_stale() {
         r.dispatch(&d, &blocks, t(1.0)),
         Err(RouterError::StaleHandle)
     );
+}
+
+/// A prompt of a 6,000-token shared prefix (24,000 bytes, 4 per token) and a 2,000-token tail.
+fn shared_prefix_prompt(tail: char) -> PromptBlocks {
+    let mut text = "0".repeat(24_000);
+    text.extend(std::iter::repeat_n(tail, 8_000));
+    prompt(&text)
+}
+
+#[test]
+fn queue_cost_keeps_a_prefix_where_it_is_cached_when_queues_form() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let mut r = fleet(2, GLM, Some((t(1.0), 0)));
+    let (e0, e1) = (EndpointId::from("e0"), EndpointId::from("e1"));
+    // The prefix reaches e0 first (e1 not ready), and that request completes.
+    r.set_ready(&e1, false).unwrap();
+    let first = shared_prefix_prompt('a');
+    let d = r.decide(
+        &request(glm, &cands, 8_000, &first),
+        t(1.0),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    let h = r.dispatch(&d, &first, t(1.0)).unwrap();
+    r.first_token(h, t(1.81)).unwrap();
+    r.complete_at(h, t(5.0)).unwrap();
+    r.set_ready(&e1, true).unwrap();
+    // Mean prompt: 1,000 + 0.05 × (8,000 − 1,000).
+    assert!(close(r.mean_prompt_tokens(), 1_350.0));
+
+    // Other clients queue 7 requests at e0 and 2 at e1.
+    scrape(&mut r, &e0, t(6.0), 7, 0, 0.1);
+    scrape(&mut r, &e1, t(6.0), 2, 0, 0.1);
+    let next = shared_prefix_prompt('b');
+    let d = r.decide(
+        &request(glm, &cands, 8_000, &next),
+        t(6.0),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    let p0 = &d.candidates[0].prediction;
+    let p1 = &d.candidates[1].prediction;
+    assert_eq!((p0.cached_tokens, p1.cached_tokens), (6_000, 0));
+    // e0: 7 × 1,350 queued tokens (0.945 s) + 2,000 uncached (0.2 s) + 10 ms;
+    // e1: 2 × 1,350 (0.27 s) + 8,000 (0.8 s) + 10 ms. e1 would answer this request first...
+    assert!(close(p0.predicted_ttft_s, 0.945 + 0.2 + 0.01));
+    assert!(close(p1.predicted_ttft_s, 0.27 + 0.8 + 0.01));
+    // ...but its 0.8 s prefill delays the 2 behind it, where e0's 0.2 s delays 7.
+    assert!(close(p0.queue_cost_s, 7.0 * 0.2));
+    assert!(close(p1.queue_cost_s, 2.0 * 0.8));
+    assert_eq!(d.chosen_endpoint(), Some(&e0));
+    assert_eq!(d.reason, Reason::LowestPredictedTtft);
+
+    // With the queue cost off, the lowest predicted TTFT wins.
+    let mut config = RouterConfig::default();
+    config.predict.queue_cost_weight = 0.0;
+    let mut plain = Router::new(config);
+    plain.set_model_prior(GLM.into(), prior());
+    add(&mut plain, 2, GLM, "e", Some((t(1.0), 0)));
+    plain.set_ready(&e1, false).unwrap();
+    let d = plain.decide(
+        &request(glm, &cands, 8_000, &first),
+        t(1.0),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    let h = plain.dispatch(&d, &first, t(1.0)).unwrap();
+    plain.first_token(h, t(1.81)).unwrap();
+    plain.complete_at(h, t(5.0)).unwrap();
+    plain.set_ready(&e1, true).unwrap();
+    scrape(&mut plain, &e0, t(6.0), 7, 0, 0.1);
+    scrape(&mut plain, &e1, t(6.0), 2, 0, 0.1);
+    let d = plain.decide(
+        &request(glm, &cands, 8_000, &next),
+        t(6.0),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    assert_eq!(d.chosen_endpoint(), Some(&e1));
+}
+
+#[test]
+fn completions_teach_the_service_time_that_paces_a_full_cache() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let mut r = fleet(1, GLM, Some((t(1.0), 0)));
+    let e0 = EndpointId::from("e0");
+    let blocks = prompt("q");
+    let send = |r: &mut Router, at: f64| {
+        let d = r.decide(
+            &request(glm, &cands, 1_000, &blocks),
+            t(at),
+            &mut ChaCha8Rng::seed_from_u64(0),
+        );
+        r.dispatch(&d, &blocks, t(at)).unwrap()
+    };
+    assert_eq!(r.service_s(&e0), None);
+    // Decodes for 12 s, then 22 s: the mean is 12 + 0.2 × (22 − 12) = 14 s.
+    let h = send(&mut r, 1.0);
+    r.first_token(h, t(1.2)).unwrap();
+    r.complete_at(h, t(13.2)).unwrap();
+    assert_eq!(r.service_s(&e0), Some(12.0));
+    let h = send(&mut r, 20.0);
+    r.first_token(h, t(20.5)).unwrap();
+    r.complete_at(h, t(42.5)).unwrap();
+    assert!(close(r.service_s(&e0).unwrap(), 14.0));
+    // Failing before the first token, or completing without a time, teaches nothing.
+    let h = send(&mut r, 50.0);
+    r.complete_at(h, t(51.0)).unwrap();
+    let h = send(&mut r, 52.0);
+    r.first_token(h, t(52.5)).unwrap();
+    r.complete(h).unwrap();
+    assert!(close(r.service_s(&e0).unwrap(), 14.0));
+    assert_eq!(r.complete_at(h, t(60.0)), Err(RouterError::UnknownRequest));
+
+    // The cache (160,000 tokens) is 99 % full with 20 running: 1,600 tokens free, 7,920 held per
+    // running request. 7 others queue (7 × 1,120 mean-prompt tokens); with this 9,000-token
+    // prompt that is 16,840 − 1,600 = 15,240 tokens short: 2 completions, one every 14 s / 20.
+    scrape(&mut r, &e0, t(60.0), 7, 20, 0.99);
+    let big = prompt("a different prompt");
+    let d = r.decide(
+        &request(glm, &cands, 9_000, &big),
+        t(60.0),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    let p = &d.chosen().unwrap().prediction;
+    let mean_prompt = r.mean_prompt_tokens();
+    assert!(close(p.queued_prefill_tokens, 7.0 * mean_prompt));
+    let short = 7.0 * mean_prompt + 9_000.0 - 1_600.0;
+    let n = (short / 7_920.0).ceil();
+    assert_eq!(f64::from(p.completions_ahead), n);
+    assert!(close(p.capacity_wait_s, n * 14.0 / 20.0));
+    assert!(p.capacity_bound);
+    // Every one of the 20 admitted while it holds its 9,000 tokens waits for them.
+    assert_eq!(p.requests_behind, 20);
+    assert!(close(p.queue_cost_s, 20.0 * (9_000.0 / 7_920.0) * 14.0 / 20.0));
+}
+
+#[test]
+fn a_prompt_sent_ahead_to_a_queueing_endpoint_counts_as_cached_until_its_first_token() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let mut r = fleet(0, GLM, None);
+    let e0 = EndpointId::from("e0");
+    let mut meta = EndpointMeta::new(e0.clone(), GLM);
+    meta.kv_events = true;
+    r.upsert_endpoint(meta, t(0.0));
+    r.set_ready(&e0, true).unwrap();
+    r.apply_kv_events(&e0, &[KvEvent::AllBlocksCleared]).unwrap();
+    scrape(&mut r, &e0, t(1.0), 3, 0, 0.1);
+    let hasher = FixedHasher(vec![7; 8]);
+    let first = shared_prefix_prompt('a');
+    let mut req = request(glm, &cands, 8_000, &first);
+    req.block_hasher = Some(&hasher);
+    let d = r.decide(&req, t(1.0), &mut ChaCha8Rng::seed_from_u64(0));
+    assert_eq!(d.chosen().unwrap().prediction.cached_tokens, 0);
+    let h = r.dispatch(&d, &first, t(1.0)).unwrap();
+
+    // No KV event has reported the prefix yet, but the endpoint queues: the first prompt is
+    // prefilled before the next one is admitted.
+    let next = shared_prefix_prompt('b');
+    let mut req = request(glm, &cands, 8_000, &next);
+    req.block_hasher = Some(&hasher);
+    let d = r.decide(&req, t(1.1), &mut ChaCha8Rng::seed_from_u64(0));
+    let p = &d.chosen().unwrap().prediction;
+    assert_eq!(p.cached_tokens, 6_000);
+    assert_eq!(p.prefix_source, Some(PrefixSource::Pending));
+
+    // Without a queue both could be admitted in one step and both miss: not counted.
+    scrape(&mut r, &e0, t(1.2), 0, 0, 0.1);
+    let d = r.decide(&req, t(1.2), &mut ChaCha8Rng::seed_from_u64(0));
+    let p = &d.chosen().unwrap().prediction;
+    assert_eq!((p.cached_tokens, p.prefix_source), (0, Some(PrefixSource::Precise)));
+
+    // After its first token the KV events are the source of truth again.
+    scrape(&mut r, &e0, t(1.3), 3, 0, 0.1);
+    r.first_token(h, t(1.3)).unwrap();
+    let d = r.decide(&req, t(1.3), &mut ChaCha8Rng::seed_from_u64(0));
+    assert_eq!(d.chosen().unwrap().prediction.cached_tokens, 0);
 }

@@ -1,8 +1,9 @@
 //! Kinference: the proxy's own routing core (`kinference-routing`), driven in virtual time.
 //!
-//! Exactly the code the sidecar runs: per endpoint, TTFT = wait + prefill of the uncached part +
-//! overhead, corrected by a peak-EWMA of observed/predicted TTFT, with the lowest prediction winning
-//! within a tie window (see `docs/ttft-model.md`); the prefix overlap comes from vLLM KV events
+//! Exactly the code the sidecar runs: per endpoint, TTFT = wait (prefill-bound or KV-capacity-bound,
+//! the wait corrected by a peak-EWMA of observed/predicted wait) + prefill of the uncached part +
+//! overhead; the lowest predicted TTFT plus the delay the request would add to the requests queued
+//! behind it wins, within a tie window (see `docs/ttft-model.md`); the prefix overlap comes from vLLM KV events
 //! (precise mode) where they have arrived, else from the approximate index of what this sidecar sent.
 //! Its settings are `RouterConfig::default()`; the per-model priors are what a platform team
 //! publishes from the model's profile (prefill rate, decode step, token budget), not fitted to
@@ -76,20 +77,7 @@ pub struct Kinference {
 
 impl Kinference {
     pub fn new(replicas: &[ReplicaInfo]) -> Self {
-        let mut cfg = RouterConfig::default();
-        if let Some(v) = std::env::var("KINF_CMAX").ok().and_then(|v| v.parse().ok()) {
-            cfg.predict.correction_max = v;
-        }
-        if let Some(v) = std::env::var("KINF_CMIN").ok().and_then(|v| v.parse().ok()) {
-            cfg.predict.correction_min = v;
-        }
-        if let Some(v) = std::env::var("KINF_QW").ok().and_then(|v| v.parse().ok()) {
-            cfg.predict.queue_cost_weight = v;
-        }
-        if std::env::var_os("KINF_SYM").is_some() {
-            cfg.predict.correction_peak = false;
-        }
-        let mut router = routing::Router::new(cfg);
+        let mut router = routing::Router::new(RouterConfig::default());
         let mut ids = Vec::new();
         let mut models = Vec::new();
         let mut by_id = HashMap::new();
@@ -161,107 +149,6 @@ impl Router for Kinference {
             // random rather than drop the request.
             None => Pick::to(candidates[rng.random_range(0..candidates.len())]),
         };
-        if std::env::var_os("KINF_DIAG").is_some() {
-            let ch = decision.chosen();
-            let maxc = decision
-                .candidates
-                .iter()
-                .map(|c| c.prediction.cached_tokens)
-                .max()
-                .unwrap_or(0);
-            let nmax = decision
-                .candidates
-                .iter()
-                .filter(|c| c.prediction.cached_tokens == maxc)
-                .count();
-            let best_cached_pred = decision
-                .candidates
-                .iter()
-                .filter(|c| c.prediction.cached_tokens == maxc)
-                .map(|c| c.prediction.predicted_ttft_s)
-                .fold(f64::INFINITY, f64::min);
-            let g = req.prompt.first().copied().unwrap_or(0);
-            if let Some(c) = ch
-                && c.prediction.cached_tokens < maxc
-            {
-                for k in decision
-                    .candidates
-                    .iter()
-                    .filter(|k| k.prediction.cached_tokens == maxc)
-                {
-                    let p = &k.prediction;
-                    eprintln!(
-                        "DIAG X id={} cached={} pred={:.3} sel={:.3} qc={:.3} depth={} md={:.3} capw={:.3} prefw={:.3} rw={:?} own={} ca={} corr={:.2} rate={:.0}",
-                        req.id,
-                        p.cached_tokens,
-                        p.predicted_ttft_s,
-                        p.selection_cost_s,
-                        p.queue_cost_s,
-                        p.queue_depth_requests,
-                        p.marginal_delay_s,
-                        p.capacity_wait_s,
-                        p.prefill_wait_s,
-                        p.reported_waiting.map(|s| (s.value, s.used)),
-                        p.own_awaiting_first_token,
-                        p.completions_ahead,
-                        p.correction,
-                        p.prefill_tokens_per_second
-                    );
-                }
-                let p = &c.prediction;
-                eprintln!(
-                    "DIAG Y id={} cached={} pred={:.3} sel={:.3} qc={:.3} depth={} md={:.3} capw={:.3} prefw={:.3} rw={:?} own={} ca={} corr={:.2} rate={:.0}",
-                    req.id,
-                    p.cached_tokens,
-                    p.predicted_ttft_s,
-                    p.selection_cost_s,
-                    p.queue_cost_s,
-                    p.queue_depth_requests,
-                    p.marginal_delay_s,
-                    p.capacity_wait_s,
-                    p.prefill_wait_s,
-                    p.reported_waiting.map(|s| (s.value, s.used)),
-                    p.own_awaiting_first_token,
-                    p.completions_ahead,
-                    p.correction,
-                    p.prefill_tokens_per_second
-                );
-            }
-            if let Some(c) = ch {
-                let p = &c.prediction;
-                eprintln!(
-                    "DIAG D id={} t={:.3} g={} rep={} cached={} maxc={} nmax={} bestcachedpred={:.3} wait={:.3} prefill={:.3} intf={:.3} kvf={:.3} kv={:.3} corr={:.3} raw={:.3} pred={:.3} rw={} rr={} ownq={} ownaw={} owndec={} other={} capw={:.3} prefw={:.3} svc={:.2} qc={:.3} sel={:.3} reason={:?}",
-                    req.id,
-                    view.now.as_secs_f64(),
-                    g,
-                    self.by_id[&c.endpoint],
-                    p.cached_tokens,
-                    maxc,
-                    nmax,
-                    best_cached_pred,
-                    p.wait_s,
-                    p.prefill_s,
-                    p.decode_interference_s,
-                    p.kv_pressure_factor,
-                    p.kv_cache_usage.map_or(-1.0, |s| s.value),
-                    p.correction,
-                    p.raw_ttft_s,
-                    p.predicted_ttft_s,
-                    p.reported_waiting.map_or(-1.0, |s| s.value),
-                    p.reported_running.map_or(-1.0, |s| s.value),
-                    p.own_queued_prefill_tokens,
-                    p.own_awaiting_first_token,
-                    p.own_decoding,
-                    p.other_waiting_requests,
-                    p.capacity_wait_s,
-                    p.prefill_wait_s,
-                    p.service_s,
-                    p.queue_cost_s,
-                    p.selection_cost_s,
-                    decision.reason
-                );
-            }
-        }
         self.last = Some((req.id, decision, blocks));
         pick
     }
@@ -277,24 +164,13 @@ impl Router for Kinference {
 
     fn on_first_token(&mut self, id: u64, _replica: usize, now: SimTime) {
         if let Some(&h) = self.handles.get(&id) {
-            let r = self.router.first_token(h, time(now));
-            if std::env::var_os("KINF_DIAG").is_some() {
-                eprintln!(
-                    "DIAG F id={} t={:.3} ttft={:.3}",
-                    id,
-                    now.as_secs_f64(),
-                    r.map_or(-1.0, |d| d.as_secs_f64())
-                );
-            }
+            let _ = self.router.first_token(h, time(now));
         }
     }
 
-    fn on_complete(&mut self, id: u64, _replica: usize, _output_tokens: u32, _now: SimTime) {
-        if std::env::var_os("KINF_DIAG").is_some() {
-            eprintln!("DIAG C id={} t={:.3}", id, _now.as_secs_f64());
-        }
+    fn on_complete(&mut self, id: u64, _replica: usize, _output_tokens: u32, now: SimTime) {
         if let Some(h) = self.handles.remove(&id) {
-            let _ = self.router.complete_at(h, time(_now));
+            let _ = self.router.complete_at(h, time(now));
         }
     }
 

@@ -10,8 +10,8 @@
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use kinference_classify::{
-    ClassifierSet, Prompt,
-    complexity::{quality, train::Outcome},
+    ClassifierSet, Limits, Prompt,
+    complexity::{self, model::Model, quality, train::Outcome},
     dataset::{self, Dataset, Split},
 };
 use std::{fmt::Write as _, path::PathBuf};
@@ -22,6 +22,9 @@ struct Args {
     data: PathBuf,
     #[arg(long, default_value = "docs/benchmarks")]
     out: PathBuf,
+    /// Evaluate this weights file instead of the compiled-in one (levels from its thresholds).
+    #[arg(long)]
+    weights: Option<PathBuf>,
 }
 
 const BEGIN: &str = "<!-- quality:begin (written by kinference-classify-eval) -->";
@@ -57,7 +60,15 @@ struct Report {
 fn main() -> Result<()> {
     let args = Args::parse();
     let rows = dataset::load(&args.data).context("loading the labelled prompts")?;
-    let set = ClassifierSet::builtin();
+    let set = args.weights.is_none().then(ClassifierSet::builtin);
+    let model = match &args.weights {
+        Some(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            Some(Model::from_json(&bytes).with_context(|| format!("loading {}", path.display()))?)
+        }
+        None => None,
+    };
     let dir = args.out.join("classification");
     std::fs::create_dir_all(&dir)?;
     let mut reports = Vec::new();
@@ -70,16 +81,29 @@ fn main() -> Result<()> {
         let mut outcomes = Vec::new();
         let mut levels = Vec::new();
         for r in test.iter().filter(|r| !r.contaminated) {
-            let e = set.explain(Prompt::Completion(&r.prompt));
-            let Some(c) = e.get("complexity") else {
-                bail!("no complexity tag")
+            let prompt = Prompt::Completion(&r.prompt);
+            let (score, level) = match &model {
+                Some(m) => {
+                    let s = m.score_prompt(prompt, Limits::default());
+                    (s, complexity::level(s, m.thresholds).0.to_string())
+                }
+                None => {
+                    let Some(set) = &set else {
+                        bail!("no classifier set")
+                    };
+                    let e = set.explain(prompt);
+                    let Some(c) = e.get("complexity") else {
+                        bail!("no complexity tag")
+                    };
+                    (c.score.unwrap_or(0.0), c.tag.value.clone())
+                }
             };
             outcomes.push(Outcome {
-                score: c.score.unwrap_or(0.0),
+                score,
                 weak_correct: r.weak_correct,
                 strong_correct: r.strong_correct,
             });
-            levels.push(c.tag.value.clone());
+            levels.push(level);
         }
         let pick = |level: &str| -> Vec<Outcome> {
             outcomes

@@ -23,6 +23,9 @@ struct Args {
     /// Weak accuracy below `low` may trail strong accuracy by at most this much.
     #[arg(long, default_value_t = 0.01)]
     tolerance: f32,
+    /// One-sided confidence margin of the `low` calibration, in standard errors (1.645: 95%).
+    #[arg(long, default_value_t = 1.645)]
+    margin_z: f32,
     /// Folds for the out-of-fold scores the thresholds are calibrated on.
     #[arg(long, default_value_t = 5)]
     folds: usize,
@@ -68,7 +71,7 @@ fn main() -> Result<()> {
             strong_correct: r.strong_correct,
         })
         .collect();
-    let thresholds = train::calibrate(&outcomes, args.tolerance);
+    let thresholds = train::calibrate_with_margin(&outcomes, args.tolerance, args.margin_z);
     let oof_auc = kinference_classify::complexity::quality::auc(&outcomes);
     let below: Vec<&Outcome> = outcomes
         .iter()
@@ -102,6 +105,7 @@ fn main() -> Result<()> {
         "calibration": {
             "on": format!("{}-fold out-of-fold scores of the training split", args.folds),
             "tolerance": args.tolerance,
+            "margin_z": args.margin_z,
             "oof_auc": oof_auc,
             "low_share": below.len() as f32 / outcomes.len() as f32,
             "weak_accuracy_below_low": low_weak,

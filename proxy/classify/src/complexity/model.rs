@@ -113,6 +113,14 @@ impl Model {
         }
     }
 
+    /// P(the prompt needs the strong model) for a prompt read under `limits`: the same score the
+    /// classifier set computes, for evaluating a weights file that is not compiled in.
+    pub fn score_prompt(&self, prompt: crate::Prompt<'_>, limits: crate::Limits) -> f32 {
+        let view = View::new(prompt, limits);
+        let scan = Scan::new(view.last_turn());
+        self.score(&view, &scan)
+    }
+
     /// P(the prompt needs the strong model).
     pub(crate) fn score(&self, view: &View<'_>, scan: &Scan) -> f32 {
         let mut x = features::dense(view, scan);
@@ -127,16 +135,20 @@ impl Model {
         sigmoid(logit)
     }
 
-    /// The score with every contribution, for explanations.
+    /// The score with every contribution, for explanations. The logit is summed in the same order
+    /// as [`Self::score`], so the probability (and so the tag) is bit-for-bit the same.
     pub(crate) fn score_explained(&self, view: &View<'_>, scan: &Scan) -> Scored {
         let mut x = features::dense(view, scan);
         self.standardise(&mut x);
+        let mut logit = self.bias;
         let mut dense = [0.0; DENSE];
         for (i, (x, w)) in x.iter().zip(&self.dense_weights).enumerate() {
+            logit += x * w;
             dense[i] = x * w;
         }
         let mut hashed: Vec<(u32, f32)> = Vec::new();
         features::hashed(scan, self.hash_bits, |b, v| {
+            logit += self.hashed_weights[b] * v;
             hashed.push((b as u32, self.hashed_weights[b] * v))
         });
         hashed.sort_by_key(|(b, _)| *b);
@@ -148,7 +160,6 @@ impl Model {
                 false
             }
         });
-        let logit = self.bias + dense.iter().sum::<f32>() + hashed.iter().map(|h| h.1).sum::<f32>();
         Scored {
             probability: sigmoid(logit),
             logit,
@@ -227,7 +238,7 @@ mod tests {
         let scan = Scan::new(view.last_turn());
         let fast = m.score(&view, &scan);
         let explained = m.score_explained(&view, &scan);
-        assert!((fast - explained.probability).abs() < 1e-5);
+        assert_eq!(fast, explained.probability);
         assert!(fast != 0.5);
     }
 }

@@ -192,14 +192,22 @@ pub struct Outcome {
 /// The fewest prompts a threshold is allowed to stand on.
 pub const MIN_CALIBRATION_PROMPTS: usize = 50;
 
+/// Calibrates the level thresholds (no confidence margin: [`calibrate_with_margin`] with `z = 0`).
+pub fn calibrate(outcomes: &[Outcome], tolerance: f32) -> Thresholds {
+    calibrate_with_margin(outcomes, tolerance, 0.0)
+}
+
 /// Calibrates the level thresholds.
 ///
-/// `low`: the largest score cut such that, on prompts scored below it, the weak model's accuracy is
-/// within `tolerance` (0.01 = one point) of the strong model's (at least
-/// [`MIN_CALIBRATION_PROMPTS`] prompts; 0 when no cut qualifies). `high`: the cut at which the
+/// `low`: the largest score cut such that, on prompts scored below it, the strong model's accuracy
+/// exceeds the weak model's by at most `tolerance` (0.01 = one point) even at the upper end of a
+/// one-sided confidence bound: mean gap + `z` × its standard error, where the gap of one prompt is
+/// strong correct minus weak correct (−1, 0 or 1). `z = 1.645` asks for 95% confidence, so a cut
+/// must stand on enough prompts for its gap to be known, not just small by luck. At least
+/// [`MIN_CALIBRATION_PROMPTS`] prompts; 0 when no cut qualifies. `high`: the cut at which the
 /// prompts scored at or above it hold the largest excess of strong-over-weak wins over the average
 /// (a Kolmogorov-Smirnov-style cut), kept at or above `low`.
-pub fn calibrate(outcomes: &[Outcome], tolerance: f32) -> Thresholds {
+pub fn calibrate_with_margin(outcomes: &[Outcome], tolerance: f32, z: f32) -> Thresholds {
     let mut o = outcomes.to_vec();
     o.sort_by(|a, b| a.score.total_cmp(&b.score));
     let n = o.len();
@@ -207,13 +215,18 @@ pub fn calibrate(outcomes: &[Outcome], tolerance: f32) -> Thresholds {
         |x: &Outcome| f32::from(u8::from(x.strong_correct)) - f32::from(u8::from(x.weak_correct));
     // low
     let mut low = 0.0;
-    let mut cum = 0.0f32;
+    let (mut sum, mut sum_sq) = (0.0f64, 0.0f64);
     for i in 0..n {
-        cum += gap(&o[i]);
-        let count = i + 1;
+        let g = f64::from(gap(&o[i]));
+        sum += g;
+        sum_sq += g * g;
+        let count = (i + 1) as f64;
         // Cut only between distinct scores.
         let boundary = i + 1 == n || o[i + 1].score > o[i].score;
-        if count >= MIN_CALIBRATION_PROMPTS && boundary && cum / count as f32 <= tolerance {
+        let mean = sum / count;
+        let var = (sum_sq / count - mean * mean).max(0.0) * count / (count - 1.0).max(1.0);
+        let upper = mean + f64::from(z) * (var / count).sqrt();
+        if i + 1 >= MIN_CALIBRATION_PROMPTS && boundary && upper <= f64::from(tolerance) {
             low = if i + 1 == n {
                 1.0
             } else {
@@ -320,6 +333,36 @@ mod tests {
         let below: Vec<_> = o.iter().filter(|x| x.score < t.low).collect();
         assert_eq!(below.len(), 50);
         assert!(below.iter().all(|x| x.weak_correct == x.strong_correct));
+    }
+
+    #[test]
+    fn margin_needs_more_evidence_for_the_same_gap() {
+        // Scores rise; every 20th prompt is won by the strong model only, the rest by both: the
+        // gap below any cut is about 5%, within a 6-point tolerance without a margin...
+        let o: Vec<_> = (0..2000)
+            .map(|i| Outcome {
+                score: i as f32 / 2000.0,
+                weak_correct: i % 20 != 0,
+                strong_correct: true,
+            })
+            .collect();
+        assert_eq!(calibrate_with_margin(&o, 0.06, 0.0).low, 1.0);
+        // ...but with a 95% margin only where the standard error is small enough: the gap is 0.05
+        // and its standard error sqrt(0.05 * 0.95 / n), so 0.05 + 1.645 * se <= 0.06 needs
+        // n >= 1285 prompts below the cut.
+        let low = calibrate_with_margin(&o, 0.06, 1.645).low;
+        assert!(low == 1.0, "{low}");
+        let low = calibrate_with_margin(&o[..1200], 0.06, 1.645).low;
+        assert_eq!(low, 0.0);
+        // Where the weak model wins twice as often as it loses, the cut stands on all 400.
+        let better: Vec<_> = (0..400)
+            .map(|i| Outcome {
+                score: i as f32 / 400.0,
+                weak_correct: i % 4 != 3,
+                strong_correct: i % 4 == 0 || i % 4 == 3,
+            })
+            .collect();
+        assert_eq!(calibrate_with_margin(&better, 0.01, 1.645).low, 1.0);
     }
 
     #[test]
