@@ -28,6 +28,10 @@ bench:
     cargo bench -p kinference-routing
     cargo bench -p kinference-classify
 
+# Run the whole system locally: controller, simulated fleet and proxy (the README's first command).
+run *ARGS:
+    cargo run -p kinference-proxy --bin kinference-local -- {{ARGS}}
+
 # Run a simulated vLLM fleet on loopback: two glm-5.3 and two qwen-3.6-27b replicas.
 sim *ARGS:
     cargo run --release -p kinference-vllm-sim --bin vllm-sim -- fleet --replicas glm-5.3=2,qwen-3.6-27b=2 --base-port 8001 {{ARGS}}

@@ -1,4 +1,5 @@
-//! The HTTPS server: TLS on each connection, then HTTP/1.1 or HTTP/2, then a route.
+//! The HTTPS server: TLS on each connection, then HTTP/1.1 or HTTP/2, then a route:
+//! `/validate` for the validating webhook, `/inject` for the proxy injector.
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -12,6 +13,9 @@ use std::{convert::Infallible, future::Future, sync::Arc};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+use crate::injector::{InjectReviewError, Injector};
+use kube::core::{DynamicObject, admission::AdmissionReview};
+
 /// The API server sends AdmissionReviews of at most a few MiB.
 const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 
@@ -22,13 +26,25 @@ pub enum Error {
     Accept(#[source] std::io::Error),
 }
 
-/// Serves the webhooks on `listener` until `shutdown` completes.
-///
-/// Routes: `POST /validate` (InferencePolicy, InferenceClassifier). A TLS or HTTP
-/// failure on one connection is logged and does not stop the server.
+/// Serves the validating webhook alone on `listener` until `shutdown` completes
+/// (`/inject` answers 404); see [`serve_with_injector`].
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    serve_with_injector(listener, tls, None, shutdown).await
+}
+
+/// Serves the webhooks on `listener` until `shutdown` completes.
+///
+/// Routes: `POST /validate` (InferencePolicy, InferenceClassifier) and, with an
+/// injector, `POST /inject` (Pods). A TLS or HTTP failure on one connection is logged
+/// and does not stop the server.
+pub async fn serve_with_injector(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    injector: Option<Injector>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let acceptor = TlsAcceptor::from(tls);
@@ -39,6 +55,7 @@ pub async fn serve(
             () = &mut shutdown => return Ok(()),
         };
         let acceptor = acceptor.clone();
+        let injector = injector.clone();
         tokio::spawn(async move {
             let stream = match acceptor.accept(tcp).await {
                 Ok(stream) => stream,
@@ -47,7 +64,7 @@ pub async fn serve(
                     return;
                 }
             };
-            let service = hyper::service::service_fn(route);
+            let service = hyper::service::service_fn(move |req| route(req, injector.clone()));
             if let Err(error) = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), service)
                 .await
@@ -58,30 +75,52 @@ pub async fn serve(
     }
 }
 
-async fn route(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-    // The mutating injector's path goes here beside /validate.
-    let response = match (req.method(), req.uri().path()) {
-        (&Method::POST, "/validate") => validate(req).await,
-        (_, "/validate") => text(StatusCode::METHOD_NOT_ALLOWED, "use POST"),
+async fn route(
+    req: Request<Incoming>,
+    injector: Option<Injector>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let response = match (req.method(), req.uri().path(), injector) {
+        (&Method::POST, "/validate", _) => match body(req).await {
+            Ok(body) => {
+                answer(crate::review(&body).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string())))
+            }
+            Err(response) => response,
+        },
+        (&Method::POST, "/inject", Some(injector)) => match body(req).await {
+            Ok(body) => answer(injector.review(&body).await.map_err(|e| {
+                let status = match e {
+                    InjectReviewError::Namespace { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+                    _ => StatusCode::BAD_REQUEST,
+                };
+                (status, e.to_string())
+            })),
+            Err(response) => response,
+        },
+        (_, "/validate", _) | (_, "/inject", Some(_)) => {
+            text(StatusCode::METHOD_NOT_ALLOWED, "use POST")
+        }
         _ => text(StatusCode::NOT_FOUND, "not found"),
     };
     Ok(response)
 }
 
-async fn validate(req: Request<Incoming>) -> Response<Full<Bytes>> {
-    let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
+async fn body(req: Request<Incoming>) -> Result<Bytes, Response<Full<Bytes>>> {
+    match Limited::new(req.into_body(), MAX_BODY_BYTES)
         .collect()
         .await
     {
-        Ok(body) => body.to_bytes(),
-        Err(error) => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                &format!("reading the body: {error}"),
-            );
-        }
-    };
-    match crate::review(&body) {
+        Ok(body) => Ok(body.to_bytes()),
+        Err(error) => Err(text(
+            StatusCode::BAD_REQUEST,
+            &format!("reading the body: {error}"),
+        )),
+    }
+}
+
+fn answer(
+    review: Result<AdmissionReview<DynamicObject>, (StatusCode, String)>,
+) -> Response<Full<Bytes>> {
+    match review {
         Ok(review) => match serde_json::to_vec(&review) {
             Ok(json) => Response::builder()
                 .status(StatusCode::OK)
@@ -90,7 +129,12 @@ async fn validate(req: Request<Incoming>) -> Response<Full<Bytes>> {
                 .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response")),
             Err(error) => text(StatusCode::INTERNAL_SERVER_ERROR, &error.to_string()),
         },
-        Err(error) => text(StatusCode::BAD_REQUEST, &error.to_string()),
+        Err((status, message)) => {
+            if status.is_server_error() {
+                tracing::warn!(%message, "admission review failed");
+            }
+            text(status, &message)
+        }
     }
 }
 

@@ -1,9 +1,12 @@
-//! The ready endpoints of a pool and their static facts.
+//! The ready endpoints of a pool (or of a Service port) and their static facts.
 //!
 //! The proxy predicts time to first token per endpoint; what it cannot observe (which
 //! pod, which model and LoRA adapters it serves, on which accelerator) comes from here.
+//! Service backends (a route's plain `Service` backendRef, or a parent without routes)
+//! are resolved too, from the Service's EndpointSlices as Linkerd's destination
+//! controller does, so a proxy's discovery of such a backend converges instead of failing.
 
-use crate::target::PoolRef;
+use crate::target::{ParentTarget, PoolRef};
 use std::{collections::BTreeMap, net::SocketAddr};
 use tokio::sync::watch;
 
@@ -20,10 +23,10 @@ pub struct Endpoint {
     pub ready: bool,
 }
 
-/// The endpoint set of one pool. Only ready endpoints are listed.
+/// The endpoint set of one pool or Service port. Only ready endpoints are listed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PoolEndpoints {
-    /// False when the pool is not known to the index.
+    /// False when the pool (or the Service, or its port) is not known to the index.
     pub exists: bool,
     pub endpoints: BTreeMap<SocketAddr, Endpoint>,
 }
@@ -34,10 +37,16 @@ impl PoolEndpoints {
     }
 }
 
-/// Serves the endpoints of a pool.
+/// Serves the endpoints of a pool or of a Service port.
 pub trait DiscoverEndpoints {
     /// A receiver that always holds the current endpoints of `pool`.
     fn watch_endpoints(&self, pool: &PoolRef) -> Option<watch::Receiver<PoolEndpoints>>;
+
+    /// A receiver that always holds the current endpoints of a Service port.
+    fn watch_service_endpoints(
+        &self,
+        service: &ParentTarget,
+    ) -> Option<watch::Receiver<PoolEndpoints>>;
 }
 
 /// What changed between two endpoint sets, as a Destination stream reports it.

@@ -69,7 +69,7 @@ pub enum AuthorityError {
     MissingPort(String),
     #[error("authority {0:?} has an invalid port")]
     InvalidPort(String),
-    #[error("authority {0:?} is not of the form <name>.<namespace>.svc.{CLUSTER_DOMAIN}:<port>")]
+    #[error("authority {0:?} is not of the form <name>.<namespace>.svc[.<cluster domain>]:<port>")]
     NotAService(String),
 }
 
@@ -77,6 +77,13 @@ impl ParentTarget {
     /// Parses `<name>.<namespace>.svc.cluster.local:<port>` (also without the cluster
     /// domain, and with a trailing dot).
     pub fn from_authority(authority: &str) -> Result<Self, AuthorityError> {
+        Self::from_authority_in(authority, CLUSTER_DOMAIN)
+    }
+
+    /// Parses `<name>.<namespace>.svc.<cluster_domain>:<port>` (also without the cluster
+    /// domain, and with a trailing dot).
+    pub fn from_authority_in(authority: &str, cluster_domain: &str) -> Result<Self, AuthorityError> {
+        let cluster_domain = cluster_domain.trim_matches('.');
         let (host, port) = authority
             .rsplit_once(':')
             .ok_or_else(|| AuthorityError::MissingPort(authority.to_string()))?;
@@ -87,8 +94,9 @@ impl ParentTarget {
             .ok_or_else(|| AuthorityError::InvalidPort(authority.to_string()))?;
         let host = host.strip_suffix('.').unwrap_or(host);
         let host = host
-            .strip_suffix(CLUSTER_DOMAIN)
+            .strip_suffix(cluster_domain)
             .and_then(|h| h.strip_suffix('.'))
+            .filter(|_| !cluster_domain.is_empty())
             .unwrap_or(host);
         let mut labels = host.split('.');
         match (labels.next(), labels.next(), labels.next(), labels.next()) {
@@ -106,9 +114,17 @@ impl ParentTarget {
     }
 
     pub fn authority(&self) -> String {
+        self.authority_in(CLUSTER_DOMAIN)
+    }
+
+    /// `<name>.<namespace>.svc.<cluster_domain>:<port>`.
+    pub fn authority_in(&self, cluster_domain: &str) -> String {
         format!(
-            "{}.{}.svc.{CLUSTER_DOMAIN}:{}",
-            self.name, self.namespace, self.port
+            "{}.{}.svc.{}:{}",
+            self.name,
+            self.namespace,
+            cluster_domain.trim_matches('.'),
+            self.port
         )
     }
 
@@ -190,6 +206,23 @@ mod tests {
         );
         assert_eq!(
             ParentTarget::from_authority("llm.apps.svc.cluster.local.:80").unwrap(),
+            t
+        );
+    }
+
+    #[test]
+    fn parses_and_writes_authorities_in_another_cluster_domain() {
+        let t = ParentTarget::from_authority_in("llm.apps.svc.corp.example:80", "corp.example")
+            .unwrap();
+        assert_eq!((t.name.as_str(), t.namespace.as_str(), t.port), ("llm", "apps", 80));
+        assert_eq!(t.authority_in("corp.example."), "llm.apps.svc.corp.example:80");
+        // The default domain is not special once another is configured.
+        assert!(matches!(
+            ParentTarget::from_authority_in("llm.apps.svc.cluster.local:80", "corp.example"),
+            Err(AuthorityError::NotAService(_))
+        ));
+        assert_eq!(
+            ParentTarget::from_authority_in("llm.apps.svc:80", "corp.example").unwrap(),
             t
         );
     }

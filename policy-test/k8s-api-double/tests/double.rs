@@ -73,10 +73,11 @@ async fn creates_with_generated_names_and_fails_on_request() {
     let conflict = pods.create(&PostParams::default(), &pod).await.unwrap_err();
     assert!(conflict.to_string().contains("AlreadyExists"), "{conflict}");
 
-    server.fail("/api/v1/namespaces/apps/pods/web-00001", 503);
+    // 500, not 503: kube-rs retries 429, 503 and 504.
+    server.fail("/api/v1/namespaces/apps/pods/web-00001", 500);
     let err = pods.get("web-00001").await.unwrap_err();
     assert!(
-        err.to_string().contains("503") || err.to_string().contains("injected"),
+        err.to_string().contains("500") || err.to_string().contains("injected"),
         "{err}"
     );
     assert_eq!(server.requests().len(), 3);

@@ -18,7 +18,7 @@ pub(crate) fn run(kind: DetectorKind, view: &View<'_>, scan: &Scan, out: &mut Ou
         DetectorKind::Code => code::detect(scan, out),
         DetectorKind::Math => math::detect(scan, out),
         DetectorKind::Language => language::detect(view, out),
-        DetectorKind::Pii => pii::detect(view, out),
+        DetectorKind::Pii => pii::detect(view, scan, out),
         DetectorKind::ContextLength => length::detect(view, out),
         DetectorKind::Conversation => shape::detect(view, out),
     }

@@ -445,6 +445,27 @@ static CLASS: [u8; 256] = {
     t
 };
 
+/// Per byte, a one in the 8-bit lane of its class: adding these counts classes without a memory
+/// round trip per byte (lanes are flushed before they can overflow).
+static LANE: [u128; 256] = {
+    let mut t = [0u128; 256];
+    let mut c = 0;
+    while c < 256 {
+        t[c] = 1u128 << (8 * CLASS[c] as u32);
+        c += 1;
+    }
+    t
+};
+
+/// Adds the lanes of `packed` to `counts` and clears it.
+#[inline]
+fn flush(packed: &mut u128, counts: &mut [usize; CLASSES]) {
+    for (k, n) in counts.iter_mut().enumerate() {
+        *n += ((*packed >> (8 * k)) & 0xFF) as usize;
+    }
+    *packed = 0;
+}
+
 /// Bytes that belong to words for the word count: ASCII letters and digits and any byte of a
 /// non-ASCII character.
 static WORD: [bool; 256] = {
@@ -491,6 +512,11 @@ pub(crate) struct Scan {
     /// Digit-slash-digit sequences such as `3/4`.
     pub fractions: usize,
     pub markers: [usize; MARKERS],
+    /// For the PII detector: the most digits in a run of digits mixed only with ASCII whitespace,
+    /// `.`, `-`, `(`, `)` and `+` (phone numbers and cards need 8 or more).
+    pub max_digit_run: usize,
+    /// For the PII detector: two capitals followed by two digits somewhere (an IBAN's start).
+    pub iban_start: bool,
     /// Hashes of the first [`MAX_WORD_HASHES`] words (letters, digits and `'`, ASCII case folded),
     /// in order, for the complexity model's hashed features.
     pub word_hashes: Vec<u64>,
@@ -532,10 +558,12 @@ impl Scan {
         let lexicon = &*LEXICON_TABLE;
         let mut words = Words::default();
         let mut counts = [0usize; CLASSES];
+        let (mut packed, mut pending) = (0u128, 0u32);
         // Runs of word bytes for the word count.
         let mut word_runs = 0;
         let mut in_word = false;
         let (mut arithmetic, mut numbers, mut fractions, mut fences) = (0, 0, 0, 0);
+        let mut digit_run = 0;
         let mut last_digit_at: Option<usize> = None;
         let mut op_after_digit = false;
         let mut line_start = 0;
@@ -546,7 +574,12 @@ impl Scan {
         while i < b.len() {
             let c = b[i];
             let k = CLASS[c as usize];
-            counts[k as usize] += 1;
+            packed += LANE[c as usize];
+            pending += 1;
+            if pending == 255 {
+                flush(&mut packed, &mut counts);
+                pending = 0;
+            }
             let w = WORD[c as usize];
             word_runs += usize::from(w & !in_word);
             in_word = w;
@@ -561,6 +594,41 @@ impl Scan {
                     && (b[i - 1].is_ascii_digit()
                         || (matches!(b[i - 1], b',' | b'.') && i > 1 && b[i - 2].is_ascii_digit()));
                 numbers += usize::from(!continues);
+                // Does this digit continue the last digit's run over separators only?
+                let mut j = i;
+                let mut joined = false;
+                while j > 0 {
+                    let p = b[j - 1];
+                    if p.is_ascii_digit() {
+                        joined = true;
+                        break;
+                    }
+                    if !matches!(
+                        p,
+                        b' ' | b'\t'
+                            | b'\n'
+                            | b'\r'
+                            | 0x0B
+                            | 0x0C
+                            | b'.'
+                            | b'-'
+                            | b'('
+                            | b')'
+                            | b'+'
+                    ) {
+                        break;
+                    }
+                    j -= 1;
+                }
+                digit_run = if joined { digit_run + 1 } else { 1 };
+                self.max_digit_run = self.max_digit_run.max(digit_run);
+                if i >= 3
+                    && b[i - 1].is_ascii_digit()
+                    && b[i - 2].is_ascii_uppercase()
+                    && b[i - 3].is_ascii_uppercase()
+                {
+                    self.iban_start = true;
+                }
                 last_digit_at = Some(i);
             } else if k >= K_NON_ASCII {
                 match k {
@@ -616,6 +684,7 @@ impl Scan {
         if word_start != usize::MAX {
             self.end_word(lexicon, &mut words, word_finish(h), word_start, b.len(), 0);
         }
+        flush(&mut packed, &mut counts);
         self.line(&text[line_start..]);
         self.words += word_runs;
         self.arithmetic += arithmetic;

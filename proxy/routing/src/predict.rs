@@ -1,9 +1,12 @@
 //! The TTFT predictor: how long until endpoint `e` would return the first token of request `r`.
 //!
-//! `ttft = ((wait + prefill + decode_interference) × kv_pressure + overhead) × correction`, in seconds,
-//! from tokens and a prefill rate in tokens per second. Every formula, default and the reasoning
-//! behind it is in `docs/ttft-model.md`; this module is that document in code, and returns every
-//! input it used (with its age) so a decision can be explained.
+//! `ttft = wait × correction + (prefill + decode_interference) × kv_pressure + overhead`, in
+//! seconds, where the wait is the larger of the prefill-bound wait (queued prefill tokens over a
+//! prefill rate in tokens per second) and the KV-capacity-bound wait (completions needed before
+//! the prompt fits, paced by the running batch and a learned service time). Selection adds the
+//! delay the request would impose on the requests queued behind it. Every formula, default and the
+//! reasoning behind it is in `docs/ttft-model.md`; this module is that document in code, and
+//! returns every input it used (with its age) so a decision can be explained.
 
 use crate::{
     endpoint::{Observed, Signals},

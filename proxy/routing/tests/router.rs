@@ -414,7 +414,10 @@ fn correction_of_the_wait_rises_at_once_on_a_slow_first_token_then_decays_toward
     );
     let p = &d.chosen().unwrap().prediction;
     assert!(close(p.correction, c));
-    assert!(close(p.predicted_ttft_s, p.raw_ttft_s + p.wait_s * (c - 1.0)));
+    assert!(close(
+        p.predicted_ttft_s,
+        p.raw_ttft_s + p.wait_s * (c - 1.0)
+    ));
     r.complete(h).unwrap();
     // A request with nothing ahead of it teaches the correction nothing.
     scrape(&mut r, &e0, later, 0, 0, 0.1);
@@ -426,7 +429,10 @@ fn correction_of_the_wait_rises_at_once_on_a_slow_first_token_then_decays_toward
     assert!(close(d.chosen().unwrap().prediction.wait_s, 0.0));
     let h = r.dispatch(&d, &blocks, later).unwrap();
     r.first_token(h, later + Duration::from_secs(5)).unwrap();
-    assert!(close(r.correction(&e0, later + Duration::from_secs(5)).unwrap(), 1.0 + 2.0 * (-1.5f64).exp()));
+    assert!(close(
+        r.correction(&e0, later + Duration::from_secs(5)).unwrap(),
+        1.0 + 2.0 * (-1.5f64).exp()
+    ));
 }
 
 #[test]
@@ -635,26 +641,28 @@ fn completions_teach_the_service_time_that_paces_a_full_cache() {
     };
     assert_eq!(r.service_s(&e0), None);
     // Decodes for 12 s, then 22 s: the mean is 12 + 0.2 × (22 − 12) = 14 s.
+    // (Each first token takes the predicted 0.11 s, so the prefill rate stays at the prior.)
     let h = send(&mut r, 1.0);
-    r.first_token(h, t(1.2)).unwrap();
-    r.complete_at(h, t(13.2)).unwrap();
+    r.first_token(h, t(1.11)).unwrap();
+    r.complete_at(h, t(13.11)).unwrap();
     assert_eq!(r.service_s(&e0), Some(12.0));
     let h = send(&mut r, 20.0);
-    r.first_token(h, t(20.5)).unwrap();
-    r.complete_at(h, t(42.5)).unwrap();
+    r.first_token(h, t(20.11)).unwrap();
+    r.complete_at(h, t(42.11)).unwrap();
     assert!(close(r.service_s(&e0).unwrap(), 14.0));
     // Failing before the first token, or completing without a time, teaches nothing.
     let h = send(&mut r, 50.0);
     r.complete_at(h, t(51.0)).unwrap();
     let h = send(&mut r, 52.0);
-    r.first_token(h, t(52.5)).unwrap();
+    r.first_token(h, t(52.11)).unwrap();
     r.complete(h).unwrap();
+    assert!(close(r.prefill_tokens_per_second(&e0).unwrap(), 10_000.0));
     assert!(close(r.service_s(&e0).unwrap(), 14.0));
     assert_eq!(r.complete_at(h, t(60.0)), Err(RouterError::UnknownRequest));
 
     // The cache (160,000 tokens) is 99 % full with 20 running: 1,600 tokens free, 7,920 held per
-    // running request. 7 others queue (7 × 1,120 mean-prompt tokens); with this 9,000-token
-    // prompt that is 16,840 − 1,600 = 15,240 tokens short: 2 completions, one every 14 s / 20.
+    // running request. 7 others queue (7 × the 1,000-token mean prompt); with this 9,000-token
+    // prompt that is 16,000 − 1,600 = 14,400 tokens short: 2 completions, one every 14 s / 20.
     scrape(&mut r, &e0, t(60.0), 7, 20, 0.99);
     let big = prompt("a different prompt");
     let d = r.decide(
@@ -667,12 +675,16 @@ fn completions_teach_the_service_time_that_paces_a_full_cache() {
     assert!(close(p.queued_prefill_tokens, 7.0 * mean_prompt));
     let short = 7.0 * mean_prompt + 9_000.0 - 1_600.0;
     let n = (short / 7_920.0).ceil();
+    assert!(close(mean_prompt, 1_000.0) && n == 2.0);
     assert_eq!(f64::from(p.completions_ahead), n);
     assert!(close(p.capacity_wait_s, n * 14.0 / 20.0));
     assert!(p.capacity_bound);
-    // Every one of the 20 admitted while it holds its 9,000 tokens waits for them.
+    // Every one of the 20 admitted while it holds its 9,000 tokens waits for them: its share of
+    // the completions (9,000 / 7,920 × 0.7 s) or its 0.9 s prefill, whichever is longer.
     assert_eq!(p.requests_behind, 20);
-    assert!(close(p.queue_cost_s, 20.0 * (9_000.0 / 7_920.0) * 14.0 / 20.0));
+    let share_s: f64 = 9_000.0 / 7_920.0 * 14.0 / 20.0;
+    assert!(close(p.marginal_delay_s, share_s.max(0.9)));
+    assert!(close(p.queue_cost_s, 20.0 * 0.9));
 }
 
 #[test]
@@ -685,7 +697,8 @@ fn a_prompt_sent_ahead_to_a_queueing_endpoint_counts_as_cached_until_its_first_t
     meta.kv_events = true;
     r.upsert_endpoint(meta, t(0.0));
     r.set_ready(&e0, true).unwrap();
-    r.apply_kv_events(&e0, &[KvEvent::AllBlocksCleared]).unwrap();
+    r.apply_kv_events(&e0, &[KvEvent::AllBlocksCleared])
+        .unwrap();
     scrape(&mut r, &e0, t(1.0), 3, 0, 0.1);
     let hasher = FixedHasher(vec![7; 8]);
     let first = shared_prefix_prompt('a');
@@ -709,7 +722,10 @@ fn a_prompt_sent_ahead_to_a_queueing_endpoint_counts_as_cached_until_its_first_t
     scrape(&mut r, &e0, t(1.2), 0, 0, 0.1);
     let d = r.decide(&req, t(1.2), &mut ChaCha8Rng::seed_from_u64(0));
     let p = &d.chosen().unwrap().prediction;
-    assert_eq!((p.cached_tokens, p.prefix_source), (0, Some(PrefixSource::Precise)));
+    assert_eq!(
+        (p.cached_tokens, p.prefix_source),
+        (0, Some(PrefixSource::Precise))
+    );
 
     // After its first token the KV events are the source of truth again.
     scrape(&mut r, &e0, t(1.3), 3, 0, 0.1);

@@ -2,8 +2,12 @@
 //!
 //! Each change recomputes only the targets it can affect (a route's parents, a
 //! namespace's pools or policies) and publishes a new value only when it differs, so a
-//! watching proxy hears about real changes and nothing else.
+//! watching proxy hears about real changes and nothing else. Reverse maps keep that
+//! true for InferencePools and InferenceClassifiers, which many routes and policies
+//! name: a pool's routes and the policies whose models use it, and the policy each
+//! watched parent selected.
 
+pub use crate::inference::PolicyValidation;
 use crate::{
     endpoints, inference, outbound,
     resource::{Resource, ResourceKey, ResourceKind},
@@ -43,6 +47,10 @@ pub(crate) struct Store {
     pub routes_by_parent: HashMap<NsName, BTreeSet<NsName>>,
     /// The InferencePolicies by what their targetRef names.
     pub policies_by_target: HashMap<PolicyTarget, BTreeSet<NsName>>,
+    /// The routes whose backendRefs name each InferencePool.
+    pub routes_by_pool: HashMap<NsName, BTreeSet<NsName>>,
+    /// The InferencePolicies whose models' poolRefs name each InferencePool.
+    pub policies_by_pool: HashMap<NsName, BTreeSet<NsName>>,
 }
 
 /// What an InferencePolicy's targetRef names: `(namespace, group, kind, name)`, with the
@@ -71,6 +79,8 @@ pub struct IndexSizes {
     pub outbound_targets: usize,
     pub inference_targets: usize,
     pub pool_targets: usize,
+    /// Service ports watched through `Destination.Get`.
+    pub service_targets: usize,
     pub invalid_policies: usize,
 }
 
@@ -82,6 +92,11 @@ pub struct Index {
     outbound: BTreeMap<ParentTarget, watch::Sender<OutboundPolicy>>,
     inference: BTreeMap<ParentTarget, watch::Sender<InferencePolicyState>>,
     endpoints: BTreeMap<PoolRef, watch::Sender<PoolEndpoints>>,
+    /// Publishers of Service ports' endpoints (Destination paths that are Services).
+    service_endpoints: BTreeMap<ParentTarget, watch::Sender<PoolEndpoints>>,
+    /// The InferencePolicy each watched inference target selected, and the reverse.
+    selected_policy: HashMap<ParentTarget, NsName>,
+    targets_by_policy: HashMap<NsName, BTreeSet<ParentTarget>>,
     /// Validation errors of InferencePolicies (and the classifiers they use), for status.
     policy_errors: BTreeMap<NsName, String>,
 }
@@ -93,13 +108,59 @@ pub struct SharedIndex(Arc<RwLock<Index>>);
 /// Which publishers a change can affect.
 #[derive(Debug, Default)]
 struct Affected {
-    outbound_all: bool,
-    inference_all: bool,
     /// Services whose outbound and inference policies may change.
     parents: BTreeSet<NsName>,
     /// Services whose inference policy (only) may change.
     inference_parents: BTreeSet<NsName>,
+    /// Namespaces whose policies' validity may change (a pool or classifier appeared or
+    /// went): watched parents that selected one of their policies are recomputed...
+    policy_namespaces: BTreeSet<String>,
+    /// ...if the policy names this pool, is invalid, or `policy_namespaces_all` is set.
+    pools_changed: BTreeSet<NsName>,
+    policy_namespaces_all: bool,
     pool_namespaces: BTreeSet<String>,
+    /// Namespaces whose Service ports' endpoints may change.
+    service_namespaces: BTreeSet<String>,
+}
+
+/// The InferencePools a route's backendRefs name.
+fn route_pools(route: &HTTPRoute) -> BTreeSet<NsName> {
+    let ns = route.metadata.namespace.as_deref().unwrap_or_default();
+    route
+        .spec
+        .rules
+        .iter()
+        .flatten()
+        .flat_map(|r| r.backend_refs.iter().flatten())
+        .filter(|b| {
+            b.group.as_deref() == Some(kinference_api::pool::GROUP)
+                && b.kind.as_deref() == Some(kinference_api::pool::KIND)
+        })
+        .map(|b| (b.namespace.as_deref().unwrap_or(ns).to_string(), b.name.clone()))
+        .collect()
+}
+
+/// The InferencePools a policy's models name (always in the policy's namespace).
+fn policy_pools(ns: &str, policy: &InferencePolicy) -> BTreeSet<NsName> {
+    policy
+        .spec
+        .models
+        .iter()
+        .map(|m| (ns.to_string(), m.pool_ref.name.clone()))
+        .collect()
+}
+
+fn insert_rev(map: &mut HashMap<NsName, BTreeSet<NsName>>, key: NsName, id: &NsName) {
+    map.entry(key).or_default().insert(id.clone());
+}
+
+fn remove_rev(map: &mut HashMap<NsName, BTreeSet<NsName>>, key: &NsName, id: &NsName) {
+    if let Some(set) = map.get_mut(key) {
+        set.remove(id);
+        if set.is_empty() {
+            map.remove(key);
+        }
+    }
 }
 
 impl Store {
@@ -110,6 +171,9 @@ impl Store {
             .entry(target)
             .or_default()
             .insert(id.clone());
+        for pool in policy_pools(&id.0, policy) {
+            insert_rev(&mut self.policies_by_pool, pool, id);
+        }
     }
 
     fn unindex_policy(&mut self, id: &NsName, policy: &InferencePolicy, affected: &mut Affected) {
@@ -121,6 +185,34 @@ impl Store {
                 self.policies_by_target.remove(&target);
             }
         }
+        for pool in policy_pools(&id.0, policy) {
+            remove_rev(&mut self.policies_by_pool, &pool, id);
+        }
+    }
+
+    fn index_route(&mut self, id: &NsName, route: &HTTPRoute) {
+        for pool in route_pools(route) {
+            insert_rev(&mut self.routes_by_pool, pool, id);
+        }
+    }
+
+    fn unindex_route(&mut self, id: &NsName, route: &HTTPRoute) {
+        for pool in route_pools(route) {
+            remove_rev(&mut self.routes_by_pool, &pool, id);
+        }
+    }
+
+    /// Marks what a pool's appearing or going can change: the backends of the routes
+    /// that name it (and the pool-targeted policies they reach), and the validity of
+    /// the policies in its namespace.
+    fn affect_pool_existence(&self, id: &NsName, affected: &mut Affected) {
+        for route in self.routes_by_pool.get(id).into_iter().flatten() {
+            if let Some(r) = self.routes.get(route) {
+                affected.parents.extend(outbound::route_parents(r));
+            }
+        }
+        affected.policy_namespaces.insert(id.0.clone());
+        affected.pools_changed.insert(id.clone());
     }
 
     /// Marks the parents whose inference policy a policy with this target may decide.
@@ -139,8 +231,18 @@ impl Store {
                         .extend(outbound::route_parents(route));
                 }
             }
-            // Pools are reached through any route's backends: recompute every parent.
-            _ => affected.inference_all = true,
+            (kinference_api::pool::GROUP, kinference_api::pool::KIND) => {
+                let pool = (ns.clone(), name.clone());
+                for route in self.routes_by_pool.get(&pool).into_iter().flatten() {
+                    if let Some(r) = self.routes.get(route) {
+                        affected
+                            .inference_parents
+                            .extend(outbound::route_parents(r));
+                    }
+                }
+            }
+            // No parent selects a policy with another target kind.
+            _ => {}
         }
     }
 }
@@ -159,13 +261,16 @@ impl Index {
         match resource {
             Resource::Service(r) => {
                 affected.parents.insert(id.clone());
+                affected.service_namespaces.insert(key.namespace);
                 s.services.insert(id, *r);
             }
             Resource::HttpRoute(r) => {
                 let new_parents = outbound::route_parents(&r);
-                if let Some(old) = s.routes.get(&id) {
-                    affected.parents.extend(outbound::route_parents(old));
+                if let Some(old) = s.routes.remove(&id) {
+                    affected.parents.extend(outbound::route_parents(&old));
+                    s.unindex_route(&id, &old);
                 }
+                s.index_route(&id, &r);
                 for p in affected.parents.iter() {
                     if let Some(set) = s.routes_by_parent.get_mut(p) {
                         set.remove(&id);
@@ -181,17 +286,22 @@ impl Index {
                 s.routes.insert(id, *r);
             }
             Resource::InferencePool(r) => {
-                affected.outbound_all = true;
-                affected.inference_all = true;
+                // Routes and policies use a pool's name, not its spec: only its
+                // appearing changes them. Its endpoints follow its spec.
+                if !s.pools.contains_key(&id) {
+                    s.affect_pool_existence(&id, &mut affected);
+                }
                 affected.pool_namespaces.insert(key.namespace);
                 s.pools.insert(id, *r);
             }
             Resource::EndpointSlice(r) => {
-                affected.pool_namespaces.insert(key.namespace);
+                affected.pool_namespaces.insert(key.namespace.clone());
+                affected.service_namespaces.insert(key.namespace);
                 s.slices.insert(id, *r);
             }
             Resource::Pod(r) => {
-                affected.pool_namespaces.insert(key.namespace);
+                affected.pool_namespaces.insert(key.namespace.clone());
+                affected.service_namespaces.insert(key.namespace);
                 s.pods.insert(id, *r);
             }
             Resource::InferencePolicy(r) => {
@@ -202,7 +312,9 @@ impl Index {
                 s.policies.insert(id, *r);
             }
             Resource::InferenceClassifier(r) => {
-                affected.inference_all = true;
+                // Only policies of the classifier's namespace can name it.
+                affected.policy_namespaces.insert(key.namespace);
+                affected.policy_namespaces_all = true;
                 s.classifiers.insert(id, *r);
             }
         }
@@ -217,10 +329,12 @@ impl Index {
         let removed = match key.kind {
             ResourceKind::Service => {
                 affected.parents.insert(id.clone());
+                affected.service_namespaces.insert(key.namespace.clone());
                 s.services.remove(&id).is_some()
             }
             ResourceKind::HttpRoute => match s.routes.remove(&id) {
                 Some(old) => {
+                    s.unindex_route(&id, &old);
                     for p in outbound::route_parents(&old) {
                         if let Some(set) = s.routes_by_parent.get_mut(&p) {
                             set.remove(&id);
@@ -234,18 +348,22 @@ impl Index {
                 }
                 None => false,
             },
-            ResourceKind::InferencePool => {
-                affected.outbound_all = true;
-                affected.inference_all = true;
-                affected.pool_namespaces.insert(key.namespace.clone());
-                s.pools.remove(&id).is_some()
-            }
+            ResourceKind::InferencePool => match s.pools.remove(&id) {
+                Some(_) => {
+                    s.affect_pool_existence(&id, &mut affected);
+                    affected.pool_namespaces.insert(key.namespace.clone());
+                    true
+                }
+                None => false,
+            },
             ResourceKind::EndpointSlice => {
                 affected.pool_namespaces.insert(key.namespace.clone());
+                affected.service_namespaces.insert(key.namespace.clone());
                 s.slices.remove(&id).is_some()
             }
             ResourceKind::Pod => {
                 affected.pool_namespaces.insert(key.namespace.clone());
+                affected.service_namespaces.insert(key.namespace.clone());
                 s.pods.remove(&id).is_some()
             }
             ResourceKind::InferencePolicy => match s.policies.remove(&id) {
@@ -256,7 +374,8 @@ impl Index {
                 None => false,
             },
             ResourceKind::InferenceClassifier => {
-                affected.inference_all = true;
+                affected.policy_namespaces.insert(key.namespace.clone());
+                affected.policy_namespaces_all = true;
                 s.classifiers.remove(&id).is_some()
             }
         };
@@ -303,6 +422,7 @@ impl Index {
             outbound_targets: self.outbound.len(),
             inference_targets: self.inference.len(),
             pool_targets: self.endpoints.len(),
+            service_targets: self.service_endpoints.len(),
             invalid_policies: self.policy_errors.len(),
         }
     }
@@ -324,6 +444,42 @@ impl Index {
 
     pub fn pool_endpoints(&self, pool: &PoolRef) -> PoolEndpoints {
         endpoints::pool_endpoints(&self.store, pool)
+    }
+
+    pub fn service_endpoints(&self, service: &ParentTarget) -> PoolEndpoints {
+        endpoints::service_endpoints(&self.store, service)
+    }
+
+    /// Every InferencePolicy's validation against the resources in the index, whether
+    /// or not a watched parent selects it, by `(namespace, name)`. The status writer
+    /// reports these. Computed on call: the index keeps only the errors of policies
+    /// it serves, so that a pool or classifier change does not revalidate every policy.
+    pub fn policy_validations(&self) -> BTreeMap<NsName, PolicyValidation> {
+        inference::validations(&self.store)
+    }
+
+    /// Recomputes the inference targets that selected a policy of a changed namespace
+    /// (see [`Affected::policy_namespaces`]).
+    fn policy_namespace_targets(&self, affected: &Affected) -> BTreeSet<ParentTarget> {
+        let mut targets = BTreeSet::new();
+        for (id, selected) in &self.targets_by_policy {
+            if !affected.policy_namespaces.contains(&id.0) {
+                continue;
+            }
+            let names_changed_pool = || {
+                affected
+                    .pools_changed
+                    .iter()
+                    .any(|pool| self.store.policies_by_pool.get(pool).is_some_and(|p| p.contains(id)))
+            };
+            if affected.policy_namespaces_all
+                || self.policy_errors.contains_key(id)
+                || names_changed_pool()
+            {
+                targets.extend(selected.iter().cloned());
+            }
+        }
+        targets
     }
 
     fn publish(&mut self, affected: Affected) {
@@ -350,22 +506,23 @@ impl Index {
             let next = outbound::policy(store, target);
             tx.send_if_modified(|cur| replace_if_changed(cur, next));
         };
-        if affected.outbound_all {
-            self.outbound
-                .iter()
-                .for_each(|(t, tx)| update_outbound(t, tx));
-        } else {
-            for parent in &affected.parents {
-                for (t, tx) in self.outbound.range(service_range(parent)) {
-                    update_outbound(t, tx);
-                }
+        for parent in &affected.parents {
+            for (t, tx) in self.outbound.range(service_range(parent)) {
+                update_outbound(t, tx);
             }
         }
         for t in unwatched.drain(..) {
             self.outbound.remove(&t);
         }
 
+        let by_namespace = if affected.policy_namespaces.is_empty() {
+            BTreeSet::new()
+        } else {
+            self.policy_namespace_targets(&affected)
+        };
+        let store = &self.store;
         let policy_errors = &mut self.policy_errors;
+        let mut selections = Vec::new();
         let mut update_inference =
             |target: &ParentTarget, tx: &watch::Sender<InferencePolicyState>| {
                 if tx.receiver_count() == 0 {
@@ -374,21 +531,29 @@ impl Index {
                 }
                 let (next, error) = inference::policy(store, target);
                 record_error(policy_errors, &next, error);
+                selections.push((target.clone(), selected(&next)));
                 tx.send_if_modified(|cur| replace_if_changed(cur, next));
             };
-        if affected.inference_all {
-            self.inference
-                .iter()
-                .for_each(|(t, tx)| update_inference(t, tx));
-        } else {
-            for parent in affected.parents.union(&affected.inference_parents) {
-                for (t, tx) in self.inference.range(service_range(parent)) {
-                    update_inference(t, tx);
-                }
+        let mut done = BTreeSet::new();
+        for parent in affected.parents.union(&affected.inference_parents) {
+            for (t, tx) in self.inference.range(service_range(parent)) {
+                done.insert(t);
+                update_inference(t, tx);
             }
+        }
+        for t in &by_namespace {
+            if !done.contains(t)
+                && let Some(tx) = self.inference.get(t)
+            {
+                update_inference(t, tx);
+            }
+        }
+        for (t, policy) in selections {
+            select(&mut self.selected_policy, &mut self.targets_by_policy, t, policy);
         }
         for t in unwatched.drain(..) {
             self.inference.remove(&t);
+            select(&mut self.selected_policy, &mut self.targets_by_policy, t, None);
         }
         // Forget errors of policies that no longer exist.
         policy_errors.retain(|id, _| store.policies.contains_key(id));
@@ -411,6 +576,70 @@ impl Index {
         for p in unwatched_pools {
             self.endpoints.remove(&p);
         }
+
+        let mut unwatched_services = Vec::new();
+        for ns in &affected.service_namespaces {
+            let from = ParentTarget {
+                namespace: ns.clone(),
+                name: String::new(),
+                port: 0,
+            };
+            for (svc, tx) in self.service_endpoints.range(from..) {
+                if svc.namespace != *ns {
+                    break;
+                }
+                if tx.receiver_count() == 0 {
+                    unwatched_services.push(svc.clone());
+                    continue;
+                }
+                let next = endpoints::service_endpoints(store, svc);
+                tx.send_if_modified(|cur| replace_if_changed(cur, next));
+            }
+        }
+        for s in unwatched_services {
+            self.service_endpoints.remove(&s);
+        }
+    }
+
+}
+
+/// Records which policy `target` selected.
+fn select(
+    selected_policy: &mut HashMap<ParentTarget, NsName>,
+    targets_by_policy: &mut HashMap<NsName, BTreeSet<ParentTarget>>,
+    target: ParentTarget,
+    policy: Option<NsName>,
+) {
+    if selected_policy.get(&target) == policy.as_ref() {
+        return;
+    }
+    if let Some(old) = selected_policy.remove(&target)
+        && let Some(set) = targets_by_policy.get_mut(&old)
+    {
+        set.remove(&target);
+        if set.is_empty() {
+            targets_by_policy.remove(&old);
+        }
+    }
+    if let Some(policy) = policy {
+        targets_by_policy
+            .entry(policy.clone())
+            .or_default()
+            .insert(target.clone());
+        selected_policy.insert(target, policy);
+    }
+}
+
+/// The policy a state was computed from.
+fn selected(state: &InferencePolicyState) -> Option<NsName> {
+    match state {
+        InferencePolicyState::Served(p) => {
+            Some((p.source.namespace.clone(), p.source.name.clone()))
+        }
+        InferencePolicyState::Invalid { source, .. } => {
+            Some((source.namespace.clone(), source.name.clone()))
+        }
+        InferencePolicyState::NotFound { .. } => None,
     }
 }
 
@@ -483,9 +712,16 @@ impl DiscoverInferencePolicy for SharedIndex {
         }
         let (state, error) = inference::policy(&index.store, target);
         record_error(&mut index.policy_errors, &state, error);
+        let policy = selected(&state);
         let tx = watch::Sender::new(state);
         let rx = tx.subscribe();
         index.inference.insert(target.clone(), tx);
+        select(
+            &mut index.selected_policy,
+            &mut index.targets_by_policy,
+            target.clone(),
+            policy,
+        );
         Some(rx)
     }
 }
@@ -502,6 +738,23 @@ impl DiscoverEndpoints for SharedIndex {
             .endpoints
             .entry(pool.clone())
             .or_insert_with(|| watch::Sender::new(endpoints::pool_endpoints(store, pool)));
+        Some(tx.subscribe())
+    }
+
+    fn watch_service_endpoints(
+        &self,
+        service: &ParentTarget,
+    ) -> Option<watch::Receiver<PoolEndpoints>> {
+        if let Some(tx) = self.0.read().service_endpoints.get(service) {
+            return Some(tx.subscribe());
+        }
+        let mut index = self.0.write();
+        let index = &mut *index;
+        let store = &index.store;
+        let tx = index
+            .service_endpoints
+            .entry(service.clone())
+            .or_insert_with(|| watch::Sender::new(endpoints::service_endpoints(store, service)));
         Some(tx.subscribe())
     }
 }

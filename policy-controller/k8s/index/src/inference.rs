@@ -12,7 +12,7 @@ use crate::{
     outbound::attached_routes,
 };
 use kinference_api::{
-    InferenceClassifier, InferencePolicy as PolicyResource,
+    InferenceClassifier, InferencePolicy as PolicyResource, ValidationErrors,
     classifier::TagSource,
     policy::{self as api, BalancerMode, FailureMode},
 };
@@ -23,21 +23,66 @@ use kinference_policy_core::{
         Model, Price, Prior, Rule, RuleAction,
     },
 };
-use std::hash::{Hash, Hasher};
+use std::{
+    collections::BTreeMap,
+    hash::{Hash, Hasher},
+};
 
 const POLICY_GROUP: &str = kinference_api::policy::GROUP;
 
-/// The policy state of `target`, and the validation error of the selected policy.
-pub(crate) fn policy(
+/// One InferencePolicy's validation against the pools and classifiers of its namespace,
+/// with the words the admission webhook uses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyValidation {
+    /// The policy's own problems, unresolved references included.
+    pub policy: Option<ValidationErrors>,
+    /// The problems of the InferenceClassifier it names, when that exists and is
+    /// invalid: `(classifier name, errors)`.
+    pub classifier: Option<(String, ValidationErrors)>,
+    /// Why a policy that passed validation still could not be translated (validation
+    /// should have caught it).
+    pub translation: Option<String>,
+}
+
+impl PolicyValidation {
+    pub fn is_valid(&self) -> bool {
+        self.policy.is_none() && self.classifier.is_none() && self.translation.is_none()
+    }
+
+    /// Every problem in one message (what the index reports for a policy it cannot
+    /// serve), or `None` when valid.
+    pub fn message(&self, namespace: &str) -> Option<String> {
+        let mut errors = Vec::new();
+        if let Some(e) = &self.policy {
+            errors.push(e.to_string());
+        }
+        if let Some((name, e)) = &self.classifier {
+            errors.push(format!("InferenceClassifier {namespace}/{name}: {e}"));
+        }
+        if let Some(e) = &self.translation {
+            errors.push(e.clone());
+        }
+        (!errors.is_empty()).then(|| errors.join("; "))
+    }
+}
+
+/// Every policy's validation.
+pub(crate) fn validations(store: &Store) -> BTreeMap<NsName, PolicyValidation> {
+    store
+        .policies
+        .iter()
+        .map(|(id, p)| (id.clone(), validate(store, id, p).0))
+        .collect()
+}
+
+/// Validates and, when valid, translates one policy.
+fn validate(
     store: &Store,
-    target: &ParentTarget,
-) -> (InferencePolicyState, Option<(NsName, String)>) {
-    let parent = target.resource();
-    let Some((id, resource)) = select(store, target) else {
-        return (InferencePolicyState::NotFound { parent }, None);
-    };
-    let source = ResourceRef::new(POLICY_GROUP, api::KIND, &id.0, &id.1);
+    id: &NsName,
+    resource: &PolicyResource,
+) -> (PolicyValidation, Option<InferencePolicy>, Option<ResourceRef>) {
     let ns = &id.0;
+    let source = ResourceRef::new(POLICY_GROUP, api::KIND, &id.0, &id.1);
     let in_ns = |k: &NsName| &k.0 == ns;
     let classifiers: Vec<_> = store
         .classifiers
@@ -57,37 +102,54 @@ pub(crate) fn policy(
         .classifier_ref
         .as_ref()
         .and_then(|r| store.classifiers.get(&(ns.clone(), r.name.clone())));
-    let mut errors = Vec::new();
-    if let Err(e) = kinference_api::validate_policy(resource, &classifiers, &pools) {
-        errors.push(e.to_string());
+    let mut validation = PolicyValidation {
+        policy: kinference_api::validate_policy(resource, &classifiers, &pools).err(),
+        classifier: classifier.and_then(|c| {
+            kinference_api::validate_classifier(c)
+                .err()
+                .map(|e| (c.metadata.name.clone().unwrap_or_default(), e))
+        }),
+        translation: None,
+    };
+    if !validation.is_valid() {
+        return (validation, None, None);
     }
-    if let Some(c) = classifier
-        && let Err(e) = kinference_api::validate_classifier(c)
-    {
-        let name = c.metadata.name.as_deref().unwrap_or_default();
-        errors.push(format!("InferenceClassifier {ns}/{name}: {e}"));
+    // The parent is filled in by the caller.
+    match translate(ResourceRef::default(), source.clone(), resource, classifier) {
+        Ok(policy) => (validation, Some(policy), Some(source)),
+        Err(message) => {
+            validation.translation = Some(message);
+            (validation, None, None)
+        }
     }
-    if !errors.is_empty() {
-        let message = errors.join("; ");
-        return (
-            InferencePolicyState::Invalid {
-                parent,
-                source,
-                message: message.clone(),
-            },
-            Some((id.clone(), message)),
-        );
-    }
-    match translate(parent.clone(), source.clone(), resource, classifier) {
-        Ok(policy) => (InferencePolicyState::Served(Box::new(policy)), None),
-        Err(message) => (
-            InferencePolicyState::Invalid {
-                parent,
-                source,
-                message: message.clone(),
-            },
-            Some((id.clone(), message)),
-        ),
+}
+
+/// The policy state of `target`, and the validation error of the selected policy.
+pub(crate) fn policy(
+    store: &Store,
+    target: &ParentTarget,
+) -> (InferencePolicyState, Option<(NsName, String)>) {
+    let parent = target.resource();
+    let Some((id, resource)) = select(store, target) else {
+        return (InferencePolicyState::NotFound { parent }, None);
+    };
+    let source = ResourceRef::new(POLICY_GROUP, api::KIND, &id.0, &id.1);
+    match validate(store, id, resource) {
+        (_, Some(mut policy), _) => {
+            policy.parent = parent;
+            (InferencePolicyState::Served(Box::new(policy)), None)
+        }
+        (validation, None, _) => {
+            let message = validation.message(&id.0).unwrap_or_default();
+            (
+                InferencePolicyState::Invalid {
+                    parent,
+                    source,
+                    message: message.clone(),
+                },
+                Some((id.clone(), message)),
+            )
+        }
     }
 }
 

@@ -13,7 +13,7 @@ pub mod watch;
 pub use self::{
     lease::{Clock, LeaseConfig, LeaseElector, SystemClock},
     status::{CONTROLLER_NAME, Inputs, StatusWriter},
-    watch::{Backoff, Sink},
+    watch::{Backoff, InitialSync, Sink},
 };
 
 use gateway_api::apis::standard::httproutes::HttpRoute;
@@ -22,7 +22,7 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
 };
 use kinference_api::{InferenceClassifier, InferencePolicy, InferencePool};
-use kinference_policy_k8s_index::SharedIndex;
+use kinference_policy_k8s_index::{ResourceKind, SharedIndex};
 use kube::{Api, Client};
 use std::sync::Arc;
 
@@ -59,12 +59,36 @@ pub enum Error {
     },
 }
 
+/// The kinds [`run`] watches.
+pub const WATCHED_KINDS: [ResourceKind; 7] = [
+    ResourceKind::Service,
+    ResourceKind::HttpRoute,
+    ResourceKind::InferencePool,
+    ResourceKind::EndpointSlice,
+    ResourceKind::Pod,
+    ResourceKind::InferencePolicy,
+    ResourceKind::InferenceClassifier,
+];
+
 /// Watches every kind the index uses in all namespaces, elects a leader and writes
 /// status while leading. Runs until a task ends, which it should not; the caller treats
 /// that as fatal.
 pub async fn run(client: Client, index: SharedIndex, config: Config) -> Result<(), Error> {
+    let (synced, _) = tokio::sync::watch::channel(false);
+    run_with_sync(client, index, config, synced).await
+}
+
+/// As [`run`], and turns `synced` true once every kind has been listed once, so the
+/// controller can report ready only when it serves the cluster's state.
+pub async fn run_with_sync(
+    client: Client,
+    index: SharedIndex,
+    config: Config,
+    synced: tokio::sync::watch::Sender<bool>,
+) -> Result<(), Error> {
     let inputs = Arc::new(Inputs::default());
-    let sink = Sink::new(index.clone(), inputs.clone());
+    let sync = Arc::new(InitialSync::new(WATCHED_KINDS, synced));
+    let sink = Sink::new(index.clone(), inputs.clone()).with_initial_sync(sync);
     let backoff = config.backoff;
     let mut tasks = tokio::task::JoinSet::new();
     macro_rules! watch {

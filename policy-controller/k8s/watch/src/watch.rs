@@ -20,8 +20,10 @@ use kube::{
     Api,
     runtime::{WatchStreamExt, watcher},
 };
+use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use std::{collections::BTreeSet, fmt::Debug, sync::Arc, time::Duration};
+use tokio::sync::watch;
 
 /// The watched types, as the index's [`Resource`].
 pub trait IndexedResource:
@@ -90,16 +92,57 @@ impl kube::runtime::utils::Backoff for BackoffIter {
     }
 }
 
+/// Reports when every watched kind has been listed once: the index then holds the
+/// cluster as it was when the controller started, and may be served.
+#[derive(Debug)]
+pub struct InitialSync {
+    pending: Mutex<BTreeSet<ResourceKind>>,
+    synced: watch::Sender<bool>,
+}
+
+impl InitialSync {
+    /// Waits for a first list of each of `kinds`; `synced` turns true after the last.
+    pub fn new(kinds: impl IntoIterator<Item = ResourceKind>, synced: watch::Sender<bool>) -> Self {
+        let pending: BTreeSet<_> = kinds.into_iter().collect();
+        if pending.is_empty() {
+            synced.send_replace(true);
+        }
+        Self {
+            pending: Mutex::new(pending),
+            synced,
+        }
+    }
+
+    fn listed(&self, kind: ResourceKind) {
+        let mut pending = self.pending.lock();
+        if pending.remove(&kind) && pending.is_empty() {
+            tracing::info!("every kind listed; the index is synced");
+            self.synced.send_replace(true);
+        }
+    }
+}
+
 /// Where watch events go: the index, and the status writer's inputs.
 #[derive(Clone, Debug)]
 pub struct Sink {
     index: SharedIndex,
     inputs: Arc<Inputs>,
+    initial_sync: Option<Arc<InitialSync>>,
 }
 
 impl Sink {
     pub fn new(index: SharedIndex, inputs: Arc<Inputs>) -> Self {
-        Self { index, inputs }
+        Self {
+            index,
+            inputs,
+            initial_sync: None,
+        }
+    }
+
+    /// Reports each kind's first complete list to `sync`.
+    pub fn with_initial_sync(mut self, sync: Arc<InitialSync>) -> Self {
+        self.initial_sync = Some(sync);
+        self
     }
 
     fn apply(&self, resource: Resource) {
@@ -160,6 +203,9 @@ pub async fn watch_kind<K: IndexedResource>(api: Api<K>, sink: Sink, backoff: Ba
                 let listed = listing.take().unwrap_or_default();
                 tracing::debug!(kind = %K::KIND, objects = listed.len(), "listed");
                 sink.replace(&mut known, listed);
+                if let Some(sync) = &sink.initial_sync {
+                    sync.listed(K::KIND);
+                }
             }
             Ok(watcher::Event::Apply(obj)) => {
                 let res = obj.into_resource();
@@ -175,5 +221,26 @@ pub async fn watch_kind<K: IndexedResource>(api: Api<K>, sink: Sink, backoff: Ba
                 tracing::warn!(kind = %K::KIND, %error, "watch failed; retrying");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initial_sync_turns_true_only_after_every_kind_listed_once() {
+        let (tx, rx) = watch::channel(false);
+        let sync = InitialSync::new([ResourceKind::Service, ResourceKind::Pod], tx);
+        sync.listed(ResourceKind::Service);
+        // A relist of a kind already listed does not count twice.
+        sync.listed(ResourceKind::Service);
+        assert!(!*rx.borrow());
+        sync.listed(ResourceKind::Pod);
+        assert!(*rx.borrow());
+
+        let (tx, rx) = watch::channel(false);
+        let _none = InitialSync::new([], tx);
+        assert!(*rx.borrow());
     }
 }

@@ -46,10 +46,14 @@ struct Report {
     weak_accuracy: f32,
     strong_accuracy: f32,
     auc: f32,
+    /// 95% bootstrap interval (1,000 resamples of the test prompts, fixed seed).
+    auc_ci95: (f32, f32),
     weak_share_at_95: f32,
+    weak_share_at_95_ci95: (f32, f32),
     random_weak_share_at_95: f32,
     routellm_published_at_95: f32,
     low_share: f32,
+    low_prompts: usize,
     weak_accuracy_on_low: f32,
     strong_accuracy_on_low: f32,
     high_share: f32,
@@ -122,10 +126,15 @@ fn main() -> Result<()> {
             weak_accuracy: quality::weak_accuracy(&outcomes),
             strong_accuracy: quality::strong_accuracy(&outcomes),
             auc: quality::auc(&outcomes),
+            auc_ci95: quality::bootstrap_ci95(&outcomes, 1000, 0x5eed, quality::auc),
             weak_share_at_95: quality::weak_share_at_quality(&outcomes, 0.95),
+            weak_share_at_95_ci95: quality::bootstrap_ci95(&outcomes, 1000, 0x5eed, |o| {
+                quality::weak_share_at_quality(o, 0.95)
+            }),
             random_weak_share_at_95: quality::random_weak_share_at_quality(&outcomes, 0.95),
             routellm_published_at_95: published(d),
             low_share: low.len() as f32 / n,
+            low_prompts: low.len(),
             weak_accuracy_on_low: quality::weak_accuracy(&low),
             strong_accuracy_on_low: quality::strong_accuracy(&low),
             high_share: high.len() as f32 / n,
@@ -156,23 +165,28 @@ fn main() -> Result<()> {
     writeln!(md, "{BEGIN}")?;
     writeln!(
         md,
-        "| dataset | test prompts (contaminated excluded) | weak acc | strong acc | AUC (needs strong) | weak share at 95% of strong: classifier | random | RouteLLM published | tagged low | weak acc on low | strong acc on low | tagged high | weak / strong acc on high |"
+        "| dataset | test prompts (contaminated excluded) | weak acc | strong acc | AUC (needs strong) [95% CI] | weak share at 95% of strong: classifier [95% CI] | random | RouteLLM published | tagged low (prompts) | weak acc on low | strong acc on low | tagged high | weak / strong acc on high |"
     )?;
     writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")?;
     for r in &reports {
         writeln!(
             md,
-            "| {} | {} ({}) | {} | {} | {:.3} | {} | {} | {} | {} | {} | {} | {} | {} / {} |",
+            "| {} | {} ({}) | {} | {} | {:.3} [{:.3}, {:.3}] | {} [{}, {}] | {} | {} | {} ({}) | {} | {} | {} | {} / {} |",
             r.dataset,
             r.test_prompts,
             r.contaminated_excluded,
             pct(r.weak_accuracy),
             pct(r.strong_accuracy),
             r.auc,
+            r.auc_ci95.0,
+            r.auc_ci95.1,
             pct(r.weak_share_at_95),
+            pct(r.weak_share_at_95_ci95.0),
+            pct(r.weak_share_at_95_ci95.1),
             pct(r.random_weak_share_at_95),
             pct(r.routellm_published_at_95),
             pct(r.low_share),
+            r.low_prompts,
             pct(r.weak_accuracy_on_low),
             pct(r.strong_accuracy_on_low),
             pct(r.high_share),

@@ -121,6 +121,37 @@ pub fn auc(o: &[Outcome]) -> f32 {
     ((rank_sum - pos * (pos + 1.0) / 2.0) / (pos * neg)) as f32
 }
 
+/// A 95% bootstrap interval of `metric` over `o`: `resamples` resamples with replacement drawn by a
+/// fixed-seed generator, so the interval is reproducible.
+pub fn bootstrap_ci95(
+    o: &[Outcome],
+    resamples: usize,
+    seed: u64,
+    metric: impl Fn(&[Outcome]) -> f32,
+) -> (f32, f32) {
+    if o.is_empty() || resamples == 0 {
+        return (0.0, 0.0);
+    }
+    let mut state = seed | 1;
+    let mut next = move || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    let mut values: Vec<f32> = (0..resamples)
+        .map(|_| {
+            let sample: Vec<Outcome> = (0..o.len())
+                .map(|_| o[(next() % o.len() as u64) as usize])
+                .collect();
+            metric(&sample)
+        })
+        .collect();
+    values.sort_by(f32::total_cmp);
+    let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
+    (at(0.025), at(0.975))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,6 +180,28 @@ mod tests {
         let c = curve(&v, 2);
         assert_eq!(c[1].accuracy, 1.0);
         assert_eq!(c[1].random_accuracy, 0.75);
+    }
+
+    #[test]
+    fn bootstrap_interval_brackets_the_metric_and_narrows_with_data() {
+        // Half the prompts are "needs strong" and scored higher, with noise: AUC 0.75.
+        let make = |n: usize| -> Vec<Outcome> {
+            (0..n)
+                .map(|i| {
+                    let hard = i % 2 == 0;
+                    let score = if hard { 0.5 } else { 0.0 } + (i % 7) as f32 / 10.0;
+                    o(score, !hard, true)
+                })
+                .collect()
+        };
+        let small = make(100);
+        let (lo, hi) = bootstrap_ci95(&small, 500, 1, auc);
+        let point = auc(&small);
+        assert!(lo < point && point < hi, "{lo} {point} {hi}");
+        let (lo2, hi2) = bootstrap_ci95(&make(2000), 500, 1, auc);
+        assert!(hi2 - lo2 < (hi - lo) / 2.0, "{lo2}..{hi2} vs {lo}..{hi}");
+        // Same seed, same interval.
+        assert_eq!(bootstrap_ci95(&small, 500, 1, auc), (lo, hi));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! id is not mistaken for a card. Only the KINDS found and their counts leave this module, never the
 //! matched text.
 
-use crate::{ClassifierId, DetectorKind, input::View, tag::Out};
+use crate::{ClassifierId, DetectorKind, input::View, scan::Scan, tag::Out};
 use regex::Regex;
 use std::sync::LazyLock;
 
@@ -75,7 +75,11 @@ impl PiiCounts {
 /// regex runs only where its necessary condition holds (e-mails only around each `@`), so the
 /// counts are exactly those of running every regex over the whole text.
 pub fn scan_text(text: &str, counts: &mut PiiCounts) {
-    let hints = Hints::of(text.as_bytes());
+    scan_with_hints(text, &Hints::of(text.as_bytes()), counts);
+}
+
+/// [`scan_text`] with hints that hold for `text` (or for a text that contains it).
+fn scan_with_hints(text: &str, hints: &Hints, counts: &mut PiiCounts) {
     if hints.at_signs {
         counts.0[PiiKind::Email as usize] += count_emails(text);
     }
@@ -142,6 +146,15 @@ static HINT: [u8; 256] = {
 };
 
 impl Hints {
+    /// The hints of the text a scan read, which already counted digit runs and IBAN starts.
+    fn of_scan(scan: &Scan, pieces: &[&str]) -> Self {
+        Self {
+            at_signs: pieces.iter().any(|p| p.as_bytes().contains(&b'@')),
+            max_digit_run: scan.max_digit_run,
+            iban_start: scan.iban_start,
+        }
+    }
+
     fn of(b: &[u8]) -> Self {
         let mut h = Self::default();
         let mut run = 0;
@@ -254,9 +267,24 @@ fn iban_prefix_valid(s: &str) -> bool {
         .any(|end| s.is_char_boundary(end) && iban_valid(&s[..end]))
 }
 
-pub(crate) fn detect(view: &View<'_>, out: &mut Out) {
+/// Tags PII in the capped last turn and context. `scan` is the shared scan when it read the last
+/// turn (its digit runs and IBAN starts spare this detector a pass over those bytes).
+pub(crate) fn detect(view: &View<'_>, scan: &Scan, out: &mut Out) {
     let mut counts = PiiCounts::default();
-    for piece in view.last_turn().chain(view.context.iter().copied()) {
+    let last: Vec<&str> = view.last_turn().collect();
+    let last_bytes: usize = last.iter().map(|p| p.len()).sum();
+    if scan.bytes == last_bytes {
+        // The scan read exactly these pieces (an empty turn needs no hints).
+        let hints = Hints::of_scan(scan, &last);
+        for piece in &last {
+            scan_with_hints(piece, &hints, &mut counts);
+        }
+    } else {
+        for piece in &last {
+            scan_text(piece, &mut counts);
+        }
+    }
+    for piece in &view.context {
         scan_text(piece, &mut counts);
     }
     let source = ClassifierId::Detector(DetectorKind::Pii);

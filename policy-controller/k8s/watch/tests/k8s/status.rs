@@ -1,10 +1,8 @@
 //! Status written back to the API server: conditions for policies, parents for pools
 //! and routes, and only by the leader.
 
-use crate::{
-    api_server::{ApiServer, Recorded},
-    fixtures::*,
-};
+use crate::fixtures::*;
+use kinference_k8s_api_double::{ApiServer, Recorded};
 use http::Method;
 use kinference_api::{InferencePolicy, InferencePool};
 use kinference_policy_k8s_watch::CONTROLLER_NAME;

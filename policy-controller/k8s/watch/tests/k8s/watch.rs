@@ -1,9 +1,7 @@
 //! Watch events reach the index; restarts relist and reconnects resume.
 
-use crate::{
-    api_server::{ApiServer, is_list, is_watch},
-    fixtures::*,
-};
+use crate::fixtures::*;
+use kinference_k8s_api_double::{ApiServer, is_list, is_watch};
 use kinference_policy_core::InferencePolicyState;
 
 #[tokio::test]

@@ -1,0 +1,163 @@
+//! The benchmark's configuration files: the controller's manifests and nginx's config.
+//!
+//! The proxy is measured with the policy users get from `examples/` (classifier, rules, two
+//! pools), so its classification and prediction work is in the numbers; only the EndpointSlices
+//! and pool ports are rewritten to point at the benchmark's upstream. nginx is configured as a
+//! plain reverse proxy as people run it in front of model servers: keep-alive upstream
+//! connections and no buffering, so SSE passes through as it is written.
+
+use anyhow::Context as _;
+use serde_yaml::Value;
+use std::{collections::BTreeMap, net::SocketAddr, path::Path};
+
+fn model_label(doc: &Value) -> Option<String> {
+    doc.get("metadata")?
+        .get("labels")?
+        .get("kinference.io/model")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Copies the YAML manifests of `src` into `dst`, each model's EndpointSlices reduced to one
+/// endpoint on loopback at `ports[model]`, and each InferencePool's `targetPorts` set to it.
+/// Fails when a model of the examples has no port, so a benchmark never runs half-configured.
+pub fn write_manifests(
+    src: &Path,
+    dst: &Path,
+    ports: &BTreeMap<String, u16>,
+) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let mut out = String::new();
+        let mut sliced: Vec<String> = Vec::new();
+        for de in serde_yaml::Deserializer::from_str(&text) {
+            let mut doc: Value = serde::Deserialize::deserialize(de)
+                .with_context(|| format!("parsing {}", path.display()))?;
+            if doc.is_null() {
+                continue;
+            }
+            match doc.get("kind").and_then(Value::as_str) {
+                Some("EndpointSlice") => {
+                    let Some(model) = model_label(&doc) else {
+                        continue;
+                    };
+                    if sliced.contains(&model) {
+                        continue;
+                    }
+                    let port = *ports
+                        .get(&model)
+                        .with_context(|| format!("no upstream port for model {model}"))?;
+                    doc["ports"][0]["port"] = Value::from(u64::from(port));
+                    doc["endpoints"][0]["addresses"] =
+                        Value::Sequence(vec![Value::from("127.0.0.1")]);
+                    sliced.push(model);
+                }
+                Some("InferencePool") => {
+                    let model = doc["spec"]["selector"]["matchLabels"]["kinference.io/model"]
+                        .as_str()
+                        .map(str::to_string)
+                        .context("an InferencePool without a kinference.io/model selector")?;
+                    let port = *ports
+                        .get(&model)
+                        .with_context(|| format!("no upstream port for model {model}"))?;
+                    let mut m = serde_yaml::Mapping::new();
+                    m.insert("number".into(), Value::from(u64::from(port)));
+                    doc["spec"]["targetPorts"] = Value::Sequence(vec![Value::Mapping(m)]);
+                }
+                _ => {}
+            }
+            out.push_str("---\n");
+            out.push_str(&serde_yaml::to_string(&doc)?);
+        }
+        std::fs::write(dst.join(name), out)
+            .with_context(|| format!("writing {}", dst.join(name).display()))?;
+    }
+    Ok(())
+}
+
+/// nginx's configuration: listen on `listen`, proxy everything to `upstream` over keep-alive
+/// HTTP/1.1 without buffering; every file it writes stays under `prefix`.
+pub fn nginx_conf(prefix: &Path, listen: SocketAddr, upstream: SocketAddr) -> String {
+    let p = prefix.display();
+    format!(
+        "worker_processes auto;\n\
+         daemon off;\n\
+         pid {p}/nginx.pid;\n\
+         error_log {p}/error.log warn;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n\
+         \x20 access_log off;\n\
+         \x20 client_body_temp_path {p}/client_body;\n\
+         \x20 proxy_temp_path {p}/proxy;\n\
+         \x20 fastcgi_temp_path {p}/fastcgi;\n\
+         \x20 uwsgi_temp_path {p}/uwsgi;\n\
+         \x20 scgi_temp_path {p}/scgi;\n\
+         \x20 upstream model {{ server {upstream}; keepalive 64; }}\n\
+         \x20 server {{\n\
+         \x20   listen {listen};\n\
+         \x20   location / {{\n\
+         \x20     proxy_pass http://model;\n\
+         \x20     proxy_http_version 1.1;\n\
+         \x20     proxy_set_header Connection \"\";\n\
+         \x20     proxy_buffering off;\n\
+         \x20     proxy_request_buffering off;\n\
+         \x20   }}\n\
+         \x20 }}\n\
+         }}\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifests_point_at_the_upstream() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let dst = tempfile::tempdir().unwrap();
+        let ports = BTreeMap::from([("glm-5.3".to_string(), 4001), ("qwen-3.6-27b".into(), 4002)]);
+        write_manifests(&src, dst.path(), &ports).unwrap();
+        let slices = std::fs::read_to_string(dst.path().join("endpointslices.yaml")).unwrap();
+        let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&slices)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect();
+        assert_eq!(docs.len(), 2, "one slice per model");
+        let port = |m: &str| {
+            docs.iter()
+                .find(|d| model_label(d).as_deref() == Some(m))
+                .unwrap()["ports"][0]["port"]
+                .as_u64()
+        };
+        assert_eq!(port("glm-5.3"), Some(4001));
+        assert_eq!(port("qwen-3.6-27b"), Some(4002));
+        let pools = std::fs::read_to_string(dst.path().join("inferencepools.yaml")).unwrap();
+        assert!(pools.contains("number: 4001") && pools.contains("number: 4002"));
+        assert!(!pools.contains("8001"));
+        // The policy is copied untouched.
+        assert!(dst.path().join("policy.yaml").exists());
+
+        let missing = BTreeMap::from([("glm-5.3".to_string(), 4001)]);
+        assert!(write_manifests(&src, tempfile::tempdir().unwrap().path(), &missing).is_err());
+    }
+
+    #[test]
+    fn nginx_conf_proxies_without_buffering() {
+        let c = nginx_conf(
+            Path::new("/tmp/x"),
+            "127.0.0.1:81".parse().unwrap(),
+            "127.0.0.1:82".parse().unwrap(),
+        );
+        assert!(c.contains("listen 127.0.0.1:81;"));
+        assert!(c.contains("server 127.0.0.1:82; keepalive 64;"));
+        assert!(c.contains("proxy_buffering off;"));
+        assert!(c.contains("pid /tmp/x/nginx.pid;"));
+    }
+}

@@ -1,0 +1,9 @@
+//! The proxy's performance bench: a load generator that shares no code with the proxy, an
+//! upstream that answers instantly, and the driver that measures the proxy against a direct
+//! connection and nginx in one run.
+
+pub mod bench;
+pub mod load;
+pub mod pool;
+pub mod report;
+pub mod upstream;

@@ -1,0 +1,226 @@
+//! The two containers injection adds: `kinference-proxy-init`, which redirects the app's
+//! outbound TCP to the proxy with iptables and exits, and `kinference-proxy`, a native
+//! sidecar (an init container with `restartPolicy: Always`) that starts before the app's
+//! own init containers, so they too reach models through it, and stops after the app.
+
+use super::{config::ProxyConfig, workload::Workload};
+use k8s_openapi::{
+    api::core::v1::{
+        Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+        ObjectFieldSelector, Probe, ResourceRequirements, SecurityContext,
+    },
+    apimachinery::pkg::util::intstr::IntOrString,
+};
+use std::collections::BTreeMap;
+
+pub const PROXY: &str = "kinference-proxy";
+pub const PROXY_INIT: &str = "kinference-proxy-init";
+const ADMIN_PORT_NAME: &str = "kinf-admin";
+
+/// What one pod's annotations change from the defaults, already validated.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    pub log_level: Option<String>,
+    pub cpu_request: Option<String>,
+    pub memory_request: Option<String>,
+    pub cpu_limit: Option<String>,
+    pub memory_limit: Option<String>,
+    pub outbound_ports: Option<Vec<u16>>,
+    pub skip_outbound_ports: Vec<u16>,
+    pub skip_outbound_cidrs: Vec<String>,
+}
+
+/// Labels that name a revision or a run rather than the workload.
+const VOLATILE_LABELS: &[&str] = &[
+    "pod-template-hash",
+    "controller-revision-hash",
+    "statefulset.kubernetes.io/pod-name",
+    "controller-uid",
+    "batch.kubernetes.io/controller-uid",
+    "pod-template-generation",
+];
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn join<T: ToString>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The destination ports proxy-init redirects: the requested ones less the skipped ones.
+pub fn intercepted_ports(config: &ProxyConfig, o: &Overrides) -> Vec<u16> {
+    o.outbound_ports
+        .as_deref()
+        .unwrap_or(&config.outbound_ports)
+        .iter()
+        .copied()
+        .filter(|p| !o.skip_outbound_ports.contains(p))
+        .collect()
+}
+
+pub fn proxy_init(config: &ProxyConfig, o: &Overrides) -> Container {
+    Container {
+        name: PROXY_INIT.into(),
+        image: Some(config.init_image.clone()),
+        image_pull_policy: Some(config.init_image_pull_policy.clone()),
+        env: Some(vec![
+            env("KINFERENCE_PROXY_PORT", config.ports.outbound.to_string()),
+            env("KINFERENCE_PROXY_UID", config.uid.to_string()),
+            env(
+                "KINFERENCE_OUTBOUND_PORTS",
+                join(&intercepted_ports(config, o)),
+            ),
+            env(
+                "KINFERENCE_SKIP_OUTBOUND_PORTS",
+                join(&o.skip_outbound_ports),
+            ),
+            env(
+                "KINFERENCE_SKIP_OUTBOUND_CIDRS",
+                join(&o.skip_outbound_cidrs),
+            ),
+        ]),
+        resources: Some(config.init_resources.clone()),
+        // Root only for iptables, with nothing but the two network capabilities.
+        security_context: Some(SecurityContext {
+            run_as_user: Some(0),
+            run_as_non_root: Some(false),
+            privileged: Some(false),
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                add: Some(vec!["NET_ADMIN".into(), "NET_RAW".into()]),
+                drop: Some(vec!["ALL".into()]),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn resources(config: &ProxyConfig, o: &Overrides) -> ResourceRequirements {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let mut r = config.resources.clone();
+    let mut set = |map: &mut Option<BTreeMap<String, Quantity>>, key: &str, v: &Option<String>| {
+        if let Some(v) = v {
+            map.get_or_insert_with(BTreeMap::new)
+                .insert(key.to_string(), Quantity(v.clone()));
+        }
+    };
+    set(&mut r.requests, "cpu", &o.cpu_request);
+    set(&mut r.requests, "memory", &o.memory_request);
+    set(&mut r.limits, "cpu", &o.cpu_limit);
+    set(&mut r.limits, "memory", &o.memory_limit);
+    r
+}
+
+pub fn proxy(
+    config: &ProxyConfig,
+    o: &Overrides,
+    workload: &Workload,
+    labels: &BTreeMap<String, String>,
+) -> Container {
+    let workload_labels: Vec<String> = labels
+        .iter()
+        .filter(|(k, _)| !VOLATILE_LABELS.contains(&k.as_str()))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let probe = |path: &str, period_s: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String(ADMIN_PORT_NAME.into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period_s),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    };
+    let mut env = vec![
+        env(
+            "KINFERENCE_PROXY_LISTEN_ADDR",
+            format!("127.0.0.1:{}", config.ports.outbound),
+        ),
+        // Probed by the kubelet on the pod's IP.
+        env(
+            "KINFERENCE_PROXY_ADMIN_ADDR",
+            format!("0.0.0.0:{}", config.ports.admin),
+        ),
+        env(
+            "KINFERENCE_PROXY_CONTROLLER_ADDR",
+            config.controller_addr.clone(),
+        ),
+        env("KINFERENCE_PROXY_WORKLOAD", workload.tenant()),
+        env("KINFERENCE_PROXY_WORKLOAD_KIND", workload.kind.clone()),
+        env("KINFERENCE_PROXY_LOG_FORMAT", config.log_format.clone()),
+        env(
+            "RUST_LOG",
+            o.log_level
+                .clone()
+                .unwrap_or_else(|| config.log_level.clone()),
+        ),
+        field_env("KINFERENCE_PROXY_POD_NAME", "metadata.name"),
+        field_env("KINFERENCE_PROXY_POD_NAMESPACE", "metadata.namespace"),
+        field_env(
+            "KINFERENCE_PROXY_SERVICE_ACCOUNT",
+            "spec.serviceAccountName",
+        ),
+    ];
+    if !workload_labels.is_empty() {
+        env.push(self::env(
+            "KINFERENCE_PROXY_WORKLOAD_LABELS",
+            workload_labels.join(","),
+        ));
+    }
+    Container {
+        name: PROXY.into(),
+        image: Some(config.image.clone()),
+        image_pull_policy: Some(config.image_pull_policy.clone()),
+        // A native sidecar: started in init order, kept running beside the app.
+        restart_policy: Some("Always".into()),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some(ADMIN_PORT_NAME.into()),
+            container_port: i32::from(config.ports.admin),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        // The app starts once the proxy listens; it is ready once it holds a policy.
+        startup_probe: Some(probe("/live", 1, 120)),
+        liveness_probe: Some(probe("/live", 10, 3)),
+        readiness_probe: Some(probe("/ready", 5, 2)),
+        resources: Some(resources(config, o)),
+        security_context: Some(SecurityContext {
+            run_as_user: Some(config.uid),
+            run_as_non_root: Some(true),
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}

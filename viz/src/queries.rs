@@ -1,0 +1,298 @@
+//! Every PromQL query viz runs, in one place, so that a test can check each metric and label it
+//! names against the proxy's real exposition (and the Grafana dashboards use the same shapes).
+//!
+//! Metric names are the proxy's (`kinference_proxy_*`, see `proxy/src/metrics.rs`) and vLLM's
+//! (`vllm:*`, scraped from each replica; `instance` is the replica's `host:port`, which is also
+//! the proxy's endpoint id).
+
+use std::fmt;
+
+/// A range-vector window such as `1m`: digits and one unit of `s`, `m`, `h` or `d`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Window(String);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    #[error("window {0:?} is not a duration such as 30s, 1m, 1h or 1d")]
+    Window(String),
+    #[error("cannot group by {0:?}: use tenant, requested_model, model (the served model), pool or service_class")]
+    GroupBy(String),
+}
+
+impl Window {
+    pub fn parse(s: &str) -> Result<Self, Error> {
+        let (digits, unit) = s.split_at(s.len().saturating_sub(1));
+        let ok = !digits.is_empty()
+            && digits.len() <= 6
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && digits.parse::<u64>().is_ok_and(|n| n > 0)
+            && matches!(unit, "s" | "m" | "h" | "d");
+        if ok {
+            Ok(Self(s.to_string()))
+        } else {
+            Err(Error::Window(s.to_string()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Self("1m".into())
+    }
+}
+
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The request labels viz groups by. `model` is the served model (the question is which model
+/// served each application).
+pub fn group_label(name: &str) -> Result<&'static str, Error> {
+    match name.trim() {
+        "tenant" => Ok("tenant"),
+        "requested_model" | "requested" => Ok("requested_model"),
+        "model" | "served_model" | "served" => Ok("served_model"),
+        "pool" => Ok("pool"),
+        "service_class" => Ok("service_class"),
+        other => Err(Error::GroupBy(other.to_string())),
+    }
+}
+
+/// Parses `tenant,model` into proxy label names, without duplicates.
+pub fn group_by(spec: &str) -> Result<Vec<&'static str>, Error> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for part in spec.split(',').filter(|p| !p.trim().is_empty()) {
+        let l = group_label(part)?;
+        if !out.contains(&l) {
+            out.push(l);
+        }
+    }
+    if out.is_empty() {
+        out.push("tenant");
+    }
+    Ok(out)
+}
+
+/// The figures of one `stat` row, each a query grouped by the row's labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatFigure {
+    RequestsPerS,
+    RequestsTotal,
+    ErrorsPerS,
+    TtftP50,
+    TtftP95,
+    TtftP99,
+    ItlP50,
+    ItlP95,
+    E2eP50,
+    E2eP95,
+    E2eP99,
+    PromptTokens,
+    CachedPromptTokens,
+    CompletionTokens,
+    CostUsd,
+}
+
+impl StatFigure {
+    pub const ALL: [StatFigure; 15] = [
+        Self::RequestsPerS,
+        Self::RequestsTotal,
+        Self::ErrorsPerS,
+        Self::TtftP50,
+        Self::TtftP95,
+        Self::TtftP99,
+        Self::ItlP50,
+        Self::ItlP95,
+        Self::E2eP50,
+        Self::E2eP95,
+        Self::E2eP99,
+        Self::PromptTokens,
+        Self::CachedPromptTokens,
+        Self::CompletionTokens,
+        Self::CostUsd,
+    ];
+
+    /// The field name in the API's JSON.
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::RequestsPerS => "requests_per_s",
+            Self::RequestsTotal => "requests_total",
+            Self::ErrorsPerS => "errors_per_s",
+            Self::TtftP50 => "ttft_p50_s",
+            Self::TtftP95 => "ttft_p95_s",
+            Self::TtftP99 => "ttft_p99_s",
+            Self::ItlP50 => "itl_p50_s",
+            Self::ItlP95 => "itl_p95_s",
+            Self::E2eP50 => "e2e_p50_s",
+            Self::E2eP95 => "e2e_p95_s",
+            Self::E2eP99 => "e2e_p99_s",
+            Self::PromptTokens => "prompt_tokens",
+            Self::CachedPromptTokens => "cached_prompt_tokens",
+            Self::CompletionTokens => "completion_tokens",
+            Self::CostUsd => "cost_usd",
+        }
+    }
+
+    /// The query, grouped by `by`, over `window`.
+    pub fn promql(self, by: &[&str], window: &Window) -> String {
+        let by = by.join(", ");
+        let rate = |m: &str| format!("sum by ({by}) (rate(kinference_proxy_{m}[{window}]))");
+        let increase =
+            |m: &str| format!("sum by ({by}) (increase(kinference_proxy_{m}[{window}]))");
+        let quantile = |q: f64, m: &str| {
+            format!(
+                "histogram_quantile({q}, sum by ({by}, le) (rate(kinference_proxy_{m}_bucket[{window}])))"
+            )
+        };
+        match self {
+            Self::RequestsPerS => rate("requests_total"),
+            Self::RequestsTotal => format!("sum by ({by}) (kinference_proxy_requests_total)"),
+            Self::ErrorsPerS => rate("errors_total"),
+            Self::TtftP50 => quantile(0.5, "ttft_seconds"),
+            Self::TtftP95 => quantile(0.95, "ttft_seconds"),
+            Self::TtftP99 => quantile(0.99, "ttft_seconds"),
+            Self::ItlP50 => quantile(0.5, "inter_token_latency_seconds"),
+            Self::ItlP95 => quantile(0.95, "inter_token_latency_seconds"),
+            Self::E2eP50 => quantile(0.5, "request_duration_seconds"),
+            Self::E2eP95 => quantile(0.95, "request_duration_seconds"),
+            Self::E2eP99 => quantile(0.99, "request_duration_seconds"),
+            Self::PromptTokens => increase("prompt_tokens_total"),
+            Self::CachedPromptTokens => increase("cached_prompt_tokens_total"),
+            Self::CompletionTokens => increase("completion_tokens_total"),
+            Self::CostUsd => increase("cost_usd_total"),
+        }
+    }
+}
+
+/// Requests moved from the requested model to each served model, per tenant, over `window`.
+pub fn flows(window: &Window) -> String {
+    format!(
+        "sum by (tenant, requested_model, served_model) (increase(kinference_proxy_requests_total[{window}]))"
+    )
+}
+
+/// The figures of the endpoints view, each keyed by `instance` (vLLM) or `pool` (the proxy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndpointFigure {
+    /// vLLM's own TTFT, median, per replica.
+    ObservedTtftP50,
+    /// vLLM's own TTFT, mean, per replica.
+    ObservedTtftMean,
+    /// Prefix-cache hits over queries, per replica.
+    CacheHitRate,
+    /// The proxy's observed TTFT, median, per pool.
+    PoolTtftP50,
+    /// |observed − predicted| TTFT, mean, per pool.
+    PoolPredictionErrorMean,
+    /// |observed − predicted| TTFT, 95th percentile, per pool.
+    PoolPredictionErrorP95,
+}
+
+impl EndpointFigure {
+    pub const ALL: [EndpointFigure; 6] = [
+        Self::ObservedTtftP50,
+        Self::ObservedTtftMean,
+        Self::CacheHitRate,
+        Self::PoolTtftP50,
+        Self::PoolPredictionErrorMean,
+        Self::PoolPredictionErrorP95,
+    ];
+
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::ObservedTtftP50 => "observed_ttft_p50_s",
+            Self::ObservedTtftMean => "observed_ttft_mean_s",
+            Self::CacheHitRate => "cache_hit_rate",
+            Self::PoolTtftP50 => "pool_ttft_p50_s",
+            Self::PoolPredictionErrorMean => "pool_prediction_error_mean_s",
+            Self::PoolPredictionErrorP95 => "pool_prediction_error_p95_s",
+        }
+    }
+
+    /// The label the samples are keyed by.
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::ObservedTtftP50 | Self::ObservedTtftMean | Self::CacheHitRate => "instance",
+            _ => "pool",
+        }
+    }
+
+    pub fn promql(self, window: &Window) -> String {
+        match self {
+            Self::ObservedTtftP50 => format!(
+                "histogram_quantile(0.5, sum by (instance, le) (rate(vllm:time_to_first_token_seconds_bucket[{window}])))"
+            ),
+            Self::ObservedTtftMean => format!(
+                "sum by (instance) (rate(vllm:time_to_first_token_seconds_sum[{window}])) / sum by (instance) (rate(vllm:time_to_first_token_seconds_count[{window}]))"
+            ),
+            Self::CacheHitRate => format!(
+                "sum by (instance) (rate(vllm:prefix_cache_hits_total[{window}])) / sum by (instance) (rate(vllm:prefix_cache_queries_total[{window}]))"
+            ),
+            Self::PoolTtftP50 => format!(
+                "histogram_quantile(0.5, sum by (pool, le) (rate(kinference_proxy_ttft_seconds_bucket[{window}])))"
+            ),
+            Self::PoolPredictionErrorMean => format!(
+                "sum by (pool) (rate(kinference_proxy_prediction_error_seconds_sum[{window}])) / sum by (pool) (rate(kinference_proxy_prediction_error_seconds_count[{window}]))"
+            ),
+            Self::PoolPredictionErrorP95 => format!(
+                "histogram_quantile(0.95, sum by (pool, le) (rate(kinference_proxy_prediction_error_seconds_bucket[{window}])))"
+            ),
+        }
+    }
+}
+
+/// Every query viz can run, with the widest grouping, for the metric-name test.
+pub fn all() -> Vec<String> {
+    let w = Window::default();
+    let by = ["tenant", "requested_model", "served_model", "pool", "service_class"];
+    let mut out: Vec<String> = StatFigure::ALL.iter().map(|f| f.promql(&by, &w)).collect();
+    out.push(flows(&w));
+    out.extend(EndpointFigure::ALL.iter().map(|f| f.promql(&w)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_are_durations_only() {
+        assert_eq!(Window::parse("1m").unwrap().as_str(), "1m");
+        assert_eq!(Window::parse("30s").unwrap().as_str(), "30s");
+        for bad in ["", "m", "0m", "1", "1y", "1m]) or vector(1", "-1m", "1.5m"] {
+            assert_eq!(Window::parse(bad), Err(Error::Window(bad.into())), "{bad}");
+        }
+    }
+
+    #[test]
+    fn group_by_maps_model_to_the_served_model() {
+        assert_eq!(
+            group_by("tenant,model").unwrap(),
+            vec!["tenant", "served_model"]
+        );
+        assert_eq!(group_by("").unwrap(), vec!["tenant"]);
+        assert_eq!(
+            group_by("tenant,prompt"),
+            Err(Error::GroupBy("prompt".into()))
+        );
+    }
+
+    #[test]
+    fn stat_queries_group_by_the_labels_asked_for() {
+        let w = Window::parse("5m").unwrap();
+        assert_eq!(
+            StatFigure::TtftP95.promql(&["tenant", "served_model"], &w),
+            "histogram_quantile(0.95, sum by (tenant, served_model, le) (rate(kinference_proxy_ttft_seconds_bucket[5m])))"
+        );
+        assert_eq!(
+            StatFigure::CostUsd.promql(&["tenant"], &w),
+            "sum by (tenant) (increase(kinference_proxy_cost_usd_total[5m]))"
+        );
+    }
+}
