@@ -1,9 +1,10 @@
 //! The policy controller: sources feed the index, the index feeds the gRPC server.
 //!
 //! The binary is thin; this crate wires the pieces so tests and benchmarks can run the
-//! same wiring: a source (today the local manifest directory; the Kubernetes watch
-//! source will call the same [`kinference_policy_k8s_index::Index`] methods), the
-//! gRPC server, and the admin server with health and metrics.
+//! same wiring: a source (the local manifest directory, or the Kubernetes watchers of
+//! `kinference-policy-k8s-watch`, both calling the same
+//! [`kinference_policy_k8s_index::Index`] methods), the gRPC server, the admin server
+//! with health and metrics, and in Kubernetes mode the admission webhooks.
 
 pub mod admin;
 pub mod local;

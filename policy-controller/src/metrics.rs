@@ -110,7 +110,7 @@ impl Metrics {
         for (api, n) in [
             ("outbound", sizes.outbound_targets),
             ("inference", sizes.inference_targets),
-            ("destination", sizes.pool_targets),
+            ("destination", sizes.pool_targets + sizes.service_targets),
         ] {
             self.targets
                 .get_or_create(&TargetLabels { api })

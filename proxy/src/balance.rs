@@ -335,8 +335,11 @@ impl Balance {
         Some(ttft)
     }
 
+    /// The request is over: its work leaves the endpoint's queue, and (when its first token was
+    /// seen) the endpoint's service time learns from it.
     pub fn complete(&self, handle: DispatchHandle) {
-        let _ = self.inner.lock().router.complete(handle);
+        let now = self.now();
+        let _ = self.inner.lock().router.complete_at(handle, now);
     }
 
     /// Every endpoint's signals with their ages, and its predicted TTFT for a typical prompt.

@@ -213,9 +213,11 @@ async fn run_local(args: LocalArgs) -> anyhow::Result<()> {
     println!("kinference-viz dashboard=http://{viz_addr}/ prometheus={} openai={} admin={}",
         prometheus.url, urls.openai_base, urls.proxy_admin);
     println!("Press Ctrl-C to stop.");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = server::serve(listener, state) => {}
         _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
     }
     drop(prometheus);
     // kinference-local stops its children when it gets SIGINT; a kill leaves them orphaned, so

@@ -237,8 +237,8 @@ pub async fn run(args: &BenchArgs, command_line: &str) -> anyhow::Result<BenchRe
     let manifests = work.path().join("manifests");
     std::fs::create_dir_all(&manifests)?;
     let ports = BTreeMap::from([
-        ("glm-5.3".to_string(), up_a.port()),
-        ("qwen-3.6-27b".to_string(), up_b.port()),
+        ("glm-5.3".to_string(), vec![up_a.port()]),
+        ("qwen-3.6-27b".to_string(), vec![up_b.port()]),
     ]);
     setup::write_manifests(&args.examples, &manifests, &ports)?;
     let mut cmd = Command::new(&args.controller_bin);

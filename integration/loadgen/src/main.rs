@@ -9,7 +9,7 @@ use kinference_loadgen::{
     report::Summary,
     upstream,
 };
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -30,6 +30,19 @@ enum Cmd {
     Upstream(UpstreamArgs),
     /// Direct, nginx and kinference-proxy side by side; writes results to --out-dir.
     Bench(BenchArgs),
+    /// Copy the example manifests with their EndpointSlices and pools pointed at local ports.
+    Manifests(ManifestArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ManifestArgs {
+    #[arg(long, default_value = "examples")]
+    examples: PathBuf,
+    #[arg(long)]
+    out: PathBuf,
+    /// `MODEL=PORT`, once per replica.
+    #[arg(long = "port", required = true)]
+    ports: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -92,6 +105,20 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Cmd::Run(a) => run(a),
         Cmd::Upstream(a) => serve(a),
+        Cmd::Manifests(a) => {
+            let mut ports: BTreeMap<String, Vec<u16>> = BTreeMap::new();
+            for p in &a.ports {
+                let (model, port) = p
+                    .split_once('=')
+                    .with_context(|| format!("--port {p:?} is not MODEL=PORT"))?;
+                let port = port
+                    .parse()
+                    .with_context(|| format!("--port {p:?}: bad port"))?;
+                ports.entry(model.to_string()).or_default().push(port);
+            }
+            std::fs::create_dir_all(&a.out)?;
+            bench::setup::write_manifests(&a.examples, &a.out, &ports)
+        }
         Cmd::Bench(a) => {
             let command_line = std::env::args().collect::<Vec<_>>().join(" ");
             let report = runtime(1)?.block_on(bench::run(&a, &command_line))?;

@@ -35,11 +35,20 @@ pub enum InjectReviewError {
 }
 
 /// The injector: the proxy defaults, a client to read namespaces, and where events go.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Injector {
     config: Arc<Config>,
     client: kube::Client,
     events: Arc<dyn EventRecorder>,
+}
+
+impl std::fmt::Debug for Injector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Injector")
+            .field("config", &self.config)
+            .field("events", &self.events)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Injector {

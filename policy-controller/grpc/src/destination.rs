@@ -3,11 +3,19 @@
 //! A pool's ready endpoints stream as `add`/`remove` deltas; static facts the proxy
 //! needs for prediction (model, pool, pod, LoRA adapters, accelerator) ride in
 //! `metric_labels`, so no stock message changes.
+//!
+//! A path that is a Service authority (`<name>.<namespace>.svc.<cluster domain>:<port>`,
+//! what an OutboundPolicy names for a plain Service backend or a parent without routes)
+//! streams that Service port's endpoints from its EndpointSlices, as Linkerd's
+//! destination controller does; a Service that does not exist is `NoEndpoints { exists:
+//! false }` on a stream that stays open, so the proxy learns when it appears instead of
+//! retrying. Only a path that is neither is refused (`InvalidArgument`).
 
 use crate::{GrpcMetrics, metrics::Tracked, outbound::DEFAULT_WEIGHT};
 use futures::{StreamExt, stream};
 use kinference_policy_core::{
-    DiscoverEndpoints, Endpoint, PoolEndpoints, PoolRef, endpoints::EndpointsDiff,
+    DiscoverEndpoints, Endpoint, ParentTarget, PoolEndpoints, PoolRef, endpoints::EndpointsDiff,
+    target::POOL_PATH_SUFFIX,
 };
 use linkerd2_proxy_api::{
     destination::{self as api, destination_server},
@@ -23,6 +31,8 @@ const API: &str = "destination";
 pub mod labels {
     pub const MODEL: &str = "model";
     pub const POOL: &str = "inferencepool";
+    /// On endpoints of a Service backend, instead of [`POOL`].
+    pub const SERVICE: &str = "service";
     pub const NAMESPACE: &str = "namespace";
     pub const POD: &str = "pod";
     pub const LORA_ADAPTERS: &str = "lora_adapters";
@@ -33,13 +43,24 @@ pub mod labels {
 pub struct DestinationServer<D> {
     discover: D,
     metrics: GrpcMetrics,
+    cluster_domain: std::sync::Arc<str>,
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
 
 impl<D: DiscoverEndpoints + Send + Sync + 'static> DestinationServer<D> {
     pub fn new(discover: D, metrics: GrpcMetrics) -> Self {
-        Self { discover, metrics }
+        Self {
+            discover,
+            metrics,
+            cluster_domain: kinference_policy_core::target::CLUSTER_DOMAIN.into(),
+        }
+    }
+
+    /// Parses Service authorities in `cluster_domain` rather than `cluster.local`.
+    pub fn with_cluster_domain(mut self, cluster_domain: std::sync::Arc<str>) -> Self {
+        self.cluster_domain = cluster_domain;
+        self
     }
 
     pub fn svc(self) -> destination_server::DestinationServer<Self> {
@@ -58,15 +79,23 @@ impl<D: DiscoverEndpoints + Send + Sync + 'static> destination_server::Destinati
         req: tonic::Request<api::GetDestination>,
     ) -> Result<tonic::Response<Self::GetStream>, tonic::Status> {
         let path = &req.get_ref().path;
-        let pool = PoolRef::from_destination_path(path).ok_or_else(|| {
-            tonic::Status::invalid_argument(format!("{path:?} is not an InferencePool path"))
-        })?;
-        let rx = self
-            .discover
-            .watch_endpoints(&pool)
-            .ok_or_else(|| tonic::Status::not_found(path.clone()))?;
+        let (set, rx) = if let Some(pool) = PoolRef::from_destination_path(path) {
+            let rx = self.discover.watch_endpoints(&pool);
+            (SetLabels::pool(&pool), rx)
+        } else if let Ok(svc) = ParentTarget::from_authority_in(path, &self.cluster_domain) {
+            let rx = self.discover.watch_service_endpoints(&svc);
+            (SetLabels::service(&svc), rx)
+        } else {
+            return Err(tonic::Status::invalid_argument(format!(
+                "{path:?} is neither an InferencePool path \
+                 (<pool>.<namespace>.{POOL_PATH_SUFFIX}) nor a Service authority \
+                 (<service>.<namespace>.svc.{}:<port>)",
+                self.cluster_domain
+            )));
+        };
+        let rx = rx.ok_or_else(|| tonic::Status::not_found(path.clone()))?;
         Ok(tonic::Response::new(
-            self.metrics.track(API, updates(pool, rx)),
+            self.metrics.track(API, updates(set, rx)),
         ))
     }
 
@@ -82,17 +111,48 @@ impl<D: DiscoverEndpoints + Send + Sync + 'static> destination_server::Destinati
     }
 }
 
-/// Streams the pool's endpoints: the full set first, then deltas.
-fn updates(pool: PoolRef, rx: watch::Receiver<PoolEndpoints>) -> BoxStream<api::Update> {
+/// What every address of a set shares: the backend it belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetLabels {
+    /// `(key, value)` on the set's `metric_labels`.
+    set: Vec<(&'static str, String)>,
+    /// `(key, value)` on every address's `metric_labels`.
+    addr: Vec<(&'static str, String)>,
+}
+
+impl SetLabels {
+    pub fn pool(pool: &PoolRef) -> Self {
+        Self {
+            set: vec![
+                (labels::NAMESPACE, pool.namespace.clone()),
+                (labels::POOL, pool.name.clone()),
+            ],
+            addr: vec![(labels::POOL, pool.name.clone())],
+        }
+    }
+
+    pub fn service(svc: &ParentTarget) -> Self {
+        Self {
+            set: vec![
+                (labels::NAMESPACE, svc.namespace.clone()),
+                (labels::SERVICE, svc.name.clone()),
+            ],
+            addr: vec![(labels::SERVICE, svc.name.clone())],
+        }
+    }
+}
+
+/// Streams the endpoints: the full set first, then deltas.
+fn updates(set: SetLabels, rx: watch::Receiver<PoolEndpoints>) -> BoxStream<api::Update> {
     let state = (rx, None::<PoolEndpoints>);
     let s = stream::unfold(state, move |(mut rx, prev)| {
-        let pool = pool.clone();
+        let set = set.clone();
         async move {
             if prev.is_some() && rx.changed().await.is_err() {
                 return None;
             }
             let current = rx.borrow_and_update().clone();
-            let msgs = diff_updates(&pool, prev.as_ref(), &current);
+            let msgs = diff_updates_for(&set, prev.as_ref(), &current);
             Some((msgs, (rx, Some(current))))
         }
     });
@@ -102,6 +162,15 @@ fn updates(pool: PoolRef, rx: watch::Receiver<PoolEndpoints>) -> BoxStream<api::
 /// The messages that take a proxy from `prev` (nothing, on the first message) to `next`.
 pub fn diff_updates(
     pool: &PoolRef,
+    prev: Option<&PoolEndpoints>,
+    next: &PoolEndpoints,
+) -> Vec<api::Update> {
+    diff_updates_for(&SetLabels::pool(pool), prev, next)
+}
+
+/// As [`diff_updates`], for any backend's set.
+pub fn diff_updates_for(
+    pool: &SetLabels,
     prev: Option<&PoolEndpoints>,
     next: &PoolEndpoints,
 ) -> Vec<api::Update> {
@@ -141,14 +210,15 @@ pub fn diff_updates(
     msgs
 }
 
-fn add<'a>(pool: &PoolRef, eps: impl Iterator<Item = &'a Endpoint>) -> api::Update {
-    let set_labels = HashMap::from([
-        (labels::NAMESPACE.to_string(), pool.namespace.clone()),
-        (labels::POOL.to_string(), pool.name.clone()),
-    ]);
+fn add<'a>(set: &SetLabels, eps: impl Iterator<Item = &'a Endpoint>) -> api::Update {
+    let set_labels = set
+        .set
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
     api::Update {
         update: Some(api::update::Update::Add(api::WeightedAddrSet {
-            addrs: eps.map(|ep| weighted_addr(pool, ep)).collect(),
+            addrs: eps.map(|ep| weighted_addr_for(set, ep)).collect(),
             metric_labels: set_labels,
         })),
     }
@@ -156,7 +226,15 @@ fn add<'a>(pool: &PoolRef, eps: impl Iterator<Item = &'a Endpoint>) -> api::Upda
 
 /// One endpoint with its static facts in `metric_labels`.
 pub fn weighted_addr(pool: &PoolRef, ep: &Endpoint) -> api::WeightedAddr {
-    let mut labels = HashMap::from([(labels::POOL.to_string(), pool.name.clone())]);
+    weighted_addr_for(&SetLabels::pool(pool), ep)
+}
+
+fn weighted_addr_for(set: &SetLabels, ep: &Endpoint) -> api::WeightedAddr {
+    let mut labels: HashMap<String, String> = set
+        .addr
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
     if let Some(model) = &ep.model {
         labels.insert(labels::MODEL.into(), model.clone());
     }

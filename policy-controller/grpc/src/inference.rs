@@ -23,6 +23,7 @@ const API: &str = "inference";
 pub struct InferencePolicyServer<D> {
     discover: D,
     metrics: GrpcMetrics,
+    cluster_domain: std::sync::Arc<str>,
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
@@ -32,7 +33,17 @@ where
     D: DiscoverInferencePolicy + DiscoverOutboundPolicy + Send + Sync + 'static,
 {
     pub fn new(discover: D, metrics: GrpcMetrics) -> Self {
-        Self { discover, metrics }
+        Self {
+            discover,
+            metrics,
+            cluster_domain: kinference_policy_core::target::CLUSTER_DOMAIN.into(),
+        }
+    }
+
+    /// Parses Service authorities in `cluster_domain` rather than `cluster.local`.
+    pub fn with_cluster_domain(mut self, cluster_domain: std::sync::Arc<str>) -> Self {
+        self.cluster_domain = cluster_domain;
+        self
     }
 
     pub fn svc(self) -> inference_policies_server::InferencePoliciesServer<Self> {
@@ -42,7 +53,7 @@ where
     fn target(&self, t: &api::InferenceTarget) -> Result<ParentTarget, tonic::Status> {
         match &t.target {
             Some(inference_target::Target::Authority(a)) => {
-                resolve_target(&self.discover, Some(a), None)
+                resolve_target(&self.discover, &self.cluster_domain, Some(a), None)
             }
             Some(inference_target::Target::Addr(addr)) => {
                 let ip = addr.ip.parse().map_err(|_| {
@@ -50,9 +61,9 @@ where
                 })?;
                 let port = u16::try_from(addr.port)
                     .map_err(|_| tonic::Status::invalid_argument("port out of range"))?;
-                resolve_target(&self.discover, None, Some(SocketAddr::new(ip, port)))
+                resolve_target(&self.discover, &self.cluster_domain, None, Some(SocketAddr::new(ip, port)))
             }
-            None => resolve_target(&self.discover, None, None),
+            None => resolve_target(&self.discover, &self.cluster_domain, None, None),
         }
     }
 }
@@ -70,7 +81,7 @@ where
         let rx = self
             .discover
             .watch_inference_policy(&target)
-            .ok_or_else(|| tonic::Status::not_found(target.authority()))?;
+            .ok_or_else(|| tonic::Status::not_found(target.authority_in(&self.cluster_domain)))?;
         let policy = to_proto(&rx.borrow());
         Ok(tonic::Response::new(policy))
     }
@@ -85,7 +96,7 @@ where
         let rx = self
             .discover
             .watch_inference_policy(&target)
-            .ok_or_else(|| tonic::Status::not_found(target.authority()))?;
+            .ok_or_else(|| tonic::Status::not_found(target.authority_in(&self.cluster_domain)))?;
         let stream: BoxStream<api::InferencePolicy> =
             Box::pin(WatchStream::new(rx).map(|p| Ok(to_proto(&p))));
         Ok(tonic::Response::new(self.metrics.track(API, stream)))

@@ -37,13 +37,24 @@ pub const DEFAULT_WEIGHT: u32 = 10_000;
 pub struct OutboundPolicyServer<D> {
     discover: D,
     metrics: GrpcMetrics,
+    cluster_domain: std::sync::Arc<str>,
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
 
 impl<D: DiscoverOutboundPolicy + Send + Sync + 'static> OutboundPolicyServer<D> {
     pub fn new(discover: D, metrics: GrpcMetrics) -> Self {
-        Self { discover, metrics }
+        Self {
+            discover,
+            metrics,
+            cluster_domain: kinference_policy_core::target::CLUSTER_DOMAIN.into(),
+        }
+    }
+
+    /// Names Service authorities in `cluster_domain` rather than `cluster.local`.
+    pub fn with_cluster_domain(mut self, cluster_domain: std::sync::Arc<str>) -> Self {
+        self.cluster_domain = cluster_domain;
+        self
     }
 
     pub fn svc(self) -> outbound_policies_server::OutboundPoliciesServer<Self> {
@@ -61,7 +72,7 @@ impl<D: DiscoverOutboundPolicy + Send + Sync + 'static> OutboundPolicyServer<D> 
             }
             None => (None, None),
         };
-        resolve_target(&self.discover, authority, addr)
+        resolve_target(&self.discover, &self.cluster_domain, authority, addr)
     }
 }
 
@@ -77,8 +88,8 @@ impl<D: DiscoverOutboundPolicy + Send + Sync + 'static> outbound_policies_server
         let rx = self
             .discover
             .watch_outbound_policy(&target)
-            .ok_or_else(|| tonic::Status::not_found(target.authority()))?;
-        let policy = to_proto(&rx.borrow());
+            .ok_or_else(|| tonic::Status::not_found(target.authority_in(&self.cluster_domain)))?;
+        let policy = to_proto_in(&rx.borrow(), &self.cluster_domain);
         Ok(tonic::Response::new(policy))
     }
 
@@ -92,9 +103,10 @@ impl<D: DiscoverOutboundPolicy + Send + Sync + 'static> outbound_policies_server
         let rx = self
             .discover
             .watch_outbound_policy(&target)
-            .ok_or_else(|| tonic::Status::not_found(target.authority()))?;
+            .ok_or_else(|| tonic::Status::not_found(target.authority_in(&self.cluster_domain)))?;
+        let domain = self.cluster_domain.clone();
         let stream: BoxStream<api::OutboundPolicy> =
-            Box::pin(WatchStream::new(rx).map(|p| Ok(to_proto(&p))));
+            Box::pin(WatchStream::new(rx).map(move |p| Ok(to_proto_in(&p, &domain))));
         Ok(tonic::Response::new(self.metrics.track(API, stream)))
     }
 }
@@ -116,15 +128,24 @@ fn duration(d: Duration) -> Option<prost_types::Duration> {
     prost_types::Duration::try_from(d).ok()
 }
 
-/// Converts the core policy into the stock message.
+/// Converts the core policy into the stock message, naming Services in `cluster.local`.
 pub fn to_proto(policy: &OutboundPolicy) -> api::OutboundPolicy {
+    to_proto_in(policy, kinference_policy_core::target::CLUSTER_DOMAIN)
+}
+
+/// Converts the core policy into the stock message, naming Services in `domain`.
+pub fn to_proto_in(policy: &OutboundPolicy, domain: &str) -> api::OutboundPolicy {
     let routes = if policy.routes.is_empty() {
-        vec![default_route(policy)]
+        vec![default_route(policy, domain)]
     } else {
-        policy.routes.iter().map(route_to_proto).collect()
+        policy
+            .routes
+            .iter()
+            .map(|r| route_to_proto(r, domain))
+            .collect()
     };
     let opaque = proxy_protocol::Opaque {
-        routes: vec![default_opaque_route(policy)],
+        routes: vec![default_opaque_route(policy, domain)],
     };
     api::OutboundPolicy {
         metadata: Some(resource_meta(&policy.parent)),
@@ -154,7 +175,7 @@ fn parent_backend(policy: &OutboundPolicy) -> Option<ParentTarget> {
 }
 
 /// With no routes, everything goes to the parent Service itself, as in Linkerd.
-fn default_route(policy: &OutboundPolicy) -> api::HttpRoute {
+fn default_route(policy: &OutboundPolicy, domain: &str) -> api::HttpRoute {
     let backend = match parent_backend(policy) {
         Some(svc) => Backend::Service(svc),
         None => Backend::Invalid {
@@ -174,12 +195,13 @@ fn default_route(policy: &OutboundPolicy) -> api::HttpRoute {
             }],
             backends: vec![WeightedBackend { weight: 1, backend }],
             request_timeout_ms: None,
-        })],
+        }, domain)],
     }
 }
 
-fn default_opaque_route(policy: &OutboundPolicy) -> api::OpaqueRoute {
-    let backend = parent_backend(policy).map(|svc| backend_to_proto(&Backend::Service(svc)));
+fn default_opaque_route(policy: &OutboundPolicy, domain: &str) -> api::OpaqueRoute {
+    let backend =
+        parent_backend(policy).map(|svc| backend_to_proto_in(&Backend::Service(svc), domain));
     api::OpaqueRoute {
         metadata: Some(meta::Metadata {
             kind: Some(meta::metadata::Kind::Default("opaq".into())),
@@ -203,11 +225,15 @@ fn default_opaque_route(policy: &OutboundPolicy) -> api::OpaqueRoute {
     }
 }
 
-fn route_to_proto(route: &HttpRoute) -> api::HttpRoute {
+fn route_to_proto(route: &HttpRoute, domain: &str) -> api::HttpRoute {
     api::HttpRoute {
         metadata: Some(resource_meta(&route.resource)),
         hosts: route.hostnames.iter().map(|h| host_match(h)).collect(),
-        rules: route.rules.iter().map(rule_to_proto).collect(),
+        rules: route
+            .rules
+            .iter()
+            .map(|r| rule_to_proto(r, domain))
+            .collect(),
     }
 }
 
@@ -255,7 +281,7 @@ fn match_to_proto(m: &HttpRouteMatch) -> api_route::HttpRouteMatch {
     }
 }
 
-fn rule_to_proto(rule: &HttpRouteRule) -> http_route::Rule {
+fn rule_to_proto(rule: &HttpRouteRule, domain: &str) -> http_route::Rule {
     #[allow(deprecated)]
     http_route::Rule {
         matches: rule.matches.iter().map(match_to_proto).collect(),
@@ -268,7 +294,7 @@ fn rule_to_proto(rule: &HttpRouteRule) -> http_route::Rule {
                         .iter()
                         .map(|wb| http_route::WeightedRouteBackend {
                             weight: wb.weight,
-                            backend: Some(route_backend(&wb.backend)),
+                            backend: Some(route_backend(&wb.backend, domain)),
                         })
                         .collect(),
                 },
@@ -285,7 +311,7 @@ fn rule_to_proto(rule: &HttpRouteRule) -> http_route::Rule {
 }
 
 #[allow(deprecated)]
-fn route_backend(backend: &Backend) -> http_route::RouteBackend {
+fn route_backend(backend: &Backend, domain: &str) -> http_route::RouteBackend {
     let filters = match backend {
         Backend::Invalid { message, .. } => vec![http_route::Filter {
             kind: Some(http_route::filter::Kind::FailureInjector(
@@ -299,17 +325,24 @@ fn route_backend(backend: &Backend) -> http_route::RouteBackend {
         _ => vec![],
     };
     http_route::RouteBackend {
-        backend: Some(backend_to_proto(backend)),
+        backend: Some(backend_to_proto_in(backend, domain)),
         filters,
         request_timeout: None,
     }
 }
 
-/// The backend's identity and how its endpoints are discovered.
+/// The backend's identity and how its endpoints are discovered (Services in
+/// `cluster.local`).
 pub fn backend_to_proto(backend: &Backend) -> api::Backend {
+    backend_to_proto_in(backend, kinference_policy_core::target::CLUSTER_DOMAIN)
+}
+
+/// The backend's identity and how its endpoints are discovered: a pool by its pool
+/// path, a Service by its authority in `domain`.
+pub fn backend_to_proto_in(backend: &Backend, domain: &str) -> api::Backend {
     let (resource, path) = match backend {
         Backend::Pool(pool) => (pool.resource(), Some(pool.destination_path())),
-        Backend::Service(svc) => (svc.resource(), Some(svc.authority())),
+        Backend::Service(svc) => (svc.resource(), Some(svc.authority_in(domain))),
         Backend::Invalid { resource, .. } => (resource.clone(), None),
     };
     api::Backend {

@@ -146,11 +146,13 @@ impl State {
     /// Stores an object (bumping its resourceVersion) and tells watchers.
     pub fn store(&mut self, mut obj: Value) -> Value {
         let collection = collection_of(&obj);
-        if obj["metadata"]["name"].is_null() {
-            if let Some(prefix) = obj["metadata"]["generateName"].as_str() {
-                self.generated += 1;
-                obj["metadata"]["name"] = json!(format!("{prefix}{:05x}", self.generated));
-            }
+        if let (true, Some(prefix)) = (
+            obj["metadata"]["name"].is_null(),
+            obj["metadata"]["generateName"].as_str(),
+        ) {
+            let name = format!("{prefix}{:05x}", self.generated + 1);
+            self.generated += 1;
+            obj["metadata"]["name"] = json!(name);
         }
         let id = id_of(&collection, &obj);
         let rv = self.next_rv();

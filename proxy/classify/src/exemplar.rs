@@ -3,10 +3,12 @@
 //! A prompt takes the value of its nearest exemplars by cosine similarity of embeddings. The default
 //! embedding ([`embed::HashedEmbedding`]) runs in microseconds with nothing to download: words and
 //! character trigrams, feature-hashed with a fixed seed into 256 signed dimensions (a sparse random
-//! projection) and L2-normalised. It captures shared wording, not paraphrase; a transformer encoder
-//! would be the opt-in for that (not built yet, see docs/classification.md).
+//! projection) and L2-normalised. It captures shared wording, not paraphrase; the opt-in transformer
+//! encoder ([`minilm`], cargo feature `minilm`) captures paraphrase at a much higher cost.
 
 pub mod embed;
+#[cfg(feature = "minilm")]
+pub mod minilm;
 
 use self::embed::{Embedding, HashedEmbedding};
 use crate::{ClassifierId, input::View, tag::Out};

@@ -262,7 +262,7 @@ struct Lexicon {
 
 impl Lexicon {
     fn build(words: &[(&str, Marker)]) -> Self {
-        let cap = (words.len() * 8).next_power_of_two();
+        let cap = (words.len() * 2).next_power_of_two();
         let mut lex = Self {
             slots: vec![Entry::default(); cap],
             mask: cap - 1,
@@ -555,13 +555,26 @@ impl Scan {
             self.word_hashes
                 .reserve((b.len() / 4 + 1).min(MAX_WORD_HASHES));
         }
-        let lexicon = &*LEXICON_TABLE;
-        let mut words = Words::default();
+        // Pass 1: character classes and runs of word bytes, in a loop tight enough to stay in
+        // registers.
         let mut counts = [0usize; CLASSES];
-        let (mut packed, mut pending) = (0u128, 0u32);
-        // Runs of word bytes for the word count.
         let mut word_runs = 0;
         let mut in_word = false;
+        for chunk in b.chunks(255) {
+            let mut packed = 0u128;
+            for &c in chunk {
+                packed += LANE[c as usize];
+                let w = WORD[c as usize];
+                word_runs += usize::from(w & !in_word);
+                in_word = w;
+            }
+            flush(&mut packed, &mut counts);
+        }
+        // Continuation bytes of UTF-8 fall in K_OTHER, which is not reported: the non-ASCII class
+        // counts lead bytes, one per character.
+        // Pass 2: words, numbers, arithmetic and lines.
+        let lexicon = &*LEXICON_TABLE;
+        let mut words = Words::default();
         let (mut arithmetic, mut numbers, mut fractions, mut fences) = (0, 0, 0, 0);
         let mut digit_run = 0;
         let mut last_digit_at: Option<usize> = None;
@@ -574,17 +587,31 @@ impl Scan {
         while i < b.len() {
             let c = b[i];
             let k = CLASS[c as usize];
-            packed += LANE[c as usize];
-            pending += 1;
-            if pending == 255 {
-                flush(&mut packed, &mut counts);
-                pending = 0;
+            if matches!(k, K_LOWER | K_UPPER | K_APOSTROPHE) {
+                // A run of letters: hash it in a tight loop. Letters change no other state, so the
+                // arithmetic window is checked once, at the run's last byte.
+                if word_start == usize::MAX {
+                    word_start = i;
+                    h = word_seed(i.checked_sub(1).map(|p| b[p]));
+                }
+                let mut j = i;
+                loop {
+                    h = word_step(h, b[j]);
+                    j += 1;
+                    if j == b.len()
+                        || !matches!(CLASS[b[j] as usize], K_LOWER | K_UPPER | K_APOSTROPHE)
+                    {
+                        break;
+                    }
+                }
+                if op_after_digit && last_digit_at.is_some_and(|d| j - 1 - d > 3) {
+                    op_after_digit = false;
+                }
+                i = j;
+                continue;
             }
-            let w = WORD[c as usize];
-            word_runs += usize::from(w & !in_word);
-            in_word = w;
             let mut len = 1;
-            let mut hashed = (K_DIGIT..=K_UPPER).contains(&k) || k == K_APOSTROPHE;
+            let mut hashed = k == K_DIGIT;
             if k == K_DIGIT {
                 if op_after_digit {
                     arithmetic += 1;
@@ -668,12 +695,8 @@ impl Scan {
                     word_start = i;
                     h = word_seed(i.checked_sub(1).map(|p| b[p]));
                 }
-                if len == 1 {
-                    h = word_step(h, c);
-                } else {
-                    for &byte in &b[i..i + len] {
-                        h = word_step(h, byte);
-                    }
+                for &byte in &b[i..i + len] {
+                    h = word_step(h, byte);
                 }
             } else if word_start != usize::MAX {
                 self.end_word(lexicon, &mut words, word_finish(h), word_start, i, c);
@@ -684,7 +707,6 @@ impl Scan {
         if word_start != usize::MAX {
             self.end_word(lexicon, &mut words, word_finish(h), word_start, b.len(), 0);
         }
-        flush(&mut packed, &mut counts);
         self.line(&text[line_start..]);
         self.words += word_runs;
         self.arithmetic += arithmetic;

@@ -18,13 +18,14 @@ fn model_label(doc: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Copies the YAML manifests of `src` into `dst`, each model's EndpointSlices reduced to one
-/// endpoint on loopback at `ports[model]`, and each InferencePool's `targetPorts` set to it.
-/// Fails when a model of the examples has no port, so a benchmark never runs half-configured.
+/// Copies the YAML manifests of `src` into `dst`, with one EndpointSlice on loopback per port of
+/// `ports[model]` (the model's first slice is the template), and each InferencePool's
+/// `targetPorts` set to its model's ports. Fails when a model of the examples has no port, so a
+/// benchmark never runs half-configured.
 pub fn write_manifests(
     src: &Path,
     dst: &Path,
-    ports: &BTreeMap<String, u16>,
+    ports: &BTreeMap<String, Vec<u16>>,
 ) -> anyhow::Result<()> {
     for entry in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
         let path = entry?.path();
@@ -52,25 +53,35 @@ pub fn write_manifests(
                     if sliced.contains(&model) {
                         continue;
                     }
-                    let port = *ports
-                        .get(&model)
-                        .with_context(|| format!("no upstream port for model {model}"))?;
-                    doc["ports"][0]["port"] = Value::from(u64::from(port));
-                    doc["endpoints"][0]["addresses"] =
-                        Value::Sequence(vec![Value::from("127.0.0.1")]);
+                    for (i, port) in ports_of(ports, &model)?.iter().enumerate() {
+                        let mut slice = doc.clone();
+                        let pod = format!("vllm-{}-{i}", model.replace('.', "-"));
+                        slice["metadata"]["name"] = Value::from(pod.clone());
+                        slice["ports"][0]["port"] = Value::from(u64::from(*port));
+                        slice["endpoints"][0]["addresses"] =
+                            Value::Sequence(vec![Value::from("127.0.0.1")]);
+                        slice["endpoints"][0]["targetRef"]["name"] = Value::from(pod);
+                        out.push_str("---\n");
+                        out.push_str(&serde_yaml::to_string(&slice)?);
+                    }
                     sliced.push(model);
+                    continue;
                 }
                 Some("InferencePool") => {
                     let model = doc["spec"]["selector"]["matchLabels"]["kinference.io/model"]
                         .as_str()
                         .map(str::to_string)
                         .context("an InferencePool without a kinference.io/model selector")?;
-                    let port = *ports
-                        .get(&model)
-                        .with_context(|| format!("no upstream port for model {model}"))?;
-                    let mut m = serde_yaml::Mapping::new();
-                    m.insert("number".into(), Value::from(u64::from(port)));
-                    doc["spec"]["targetPorts"] = Value::Sequence(vec![Value::Mapping(m)]);
+                    doc["spec"]["targetPorts"] = Value::Sequence(
+                        ports_of(ports, &model)?
+                            .iter()
+                            .map(|p| {
+                                let mut m = serde_yaml::Mapping::new();
+                                m.insert("number".into(), Value::from(u64::from(*p)));
+                                Value::Mapping(m)
+                            })
+                            .collect(),
+                    );
                 }
                 _ => {}
             }
@@ -81,6 +92,14 @@ pub fn write_manifests(
             .with_context(|| format!("writing {}", dst.join(name).display()))?;
     }
     Ok(())
+}
+
+fn ports_of<'a>(ports: &'a BTreeMap<String, Vec<u16>>, model: &str) -> anyhow::Result<&'a [u16]> {
+    ports
+        .get(model)
+        .filter(|p| !p.is_empty())
+        .map(Vec::as_slice)
+        .with_context(|| format!("no upstream port for model {model}"))
 }
 
 /// nginx's configuration: listen on `listen`, proxy everything to `upstream` over keep-alive
@@ -123,13 +142,16 @@ mod tests {
     fn manifests_point_at_the_upstream() {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
         let dst = tempfile::tempdir().unwrap();
-        let ports = BTreeMap::from([("glm-5.3".to_string(), 4001), ("qwen-3.6-27b".into(), 4002)]);
+        let ports = BTreeMap::from([
+            ("glm-5.3".to_string(), vec![4001]),
+            ("qwen-3.6-27b".into(), vec![4002, 4003]),
+        ]);
         write_manifests(&src, dst.path(), &ports).unwrap();
         let slices = std::fs::read_to_string(dst.path().join("endpointslices.yaml")).unwrap();
         let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&slices)
             .map(|d| serde::Deserialize::deserialize(d).unwrap())
             .collect();
-        assert_eq!(docs.len(), 2, "one slice per model");
+        assert_eq!(docs.len(), 3, "one slice per port");
         let port = |m: &str| {
             docs.iter()
                 .find(|d| model_label(d).as_deref() == Some(m))
@@ -138,13 +160,15 @@ mod tests {
         };
         assert_eq!(port("glm-5.3"), Some(4001));
         assert_eq!(port("qwen-3.6-27b"), Some(4002));
+        assert_eq!(docs[2]["ports"][0]["port"].as_u64(), Some(4003));
+        assert_eq!(docs[2]["metadata"]["name"], "vllm-qwen-3-6-27b-1");
         let pools = std::fs::read_to_string(dst.path().join("inferencepools.yaml")).unwrap();
-        assert!(pools.contains("number: 4001") && pools.contains("number: 4002"));
+        assert!(pools.contains("number: 4001") && pools.contains("number: 4003"));
         assert!(!pools.contains("8001"));
         // The policy is copied untouched.
         assert!(dst.path().join("policy.yaml").exists());
 
-        let missing = BTreeMap::from([("glm-5.3".to_string(), 4001)]);
+        let missing = BTreeMap::from([("glm-5.3".to_string(), vec![4001])]);
         assert!(write_manifests(&src, tempfile::tempdir().unwrap().path(), &missing).is_err());
     }
 

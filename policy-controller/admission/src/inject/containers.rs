@@ -122,7 +122,7 @@ pub fn proxy_init(config: &ProxyConfig, o: &Overrides) -> Container {
 fn resources(config: &ProxyConfig, o: &Overrides) -> ResourceRequirements {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     let mut r = config.resources.clone();
-    let mut set = |map: &mut Option<BTreeMap<String, Quantity>>, key: &str, v: &Option<String>| {
+    let set = |map: &mut Option<BTreeMap<String, Quantity>>, key: &str, v: &Option<String>| {
         if let Some(v) = v {
             map.get_or_insert_with(BTreeMap::new)
                 .insert(key.to_string(), Quantity(v.clone()));

