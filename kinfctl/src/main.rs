@@ -1,7 +1,8 @@
 //! `kinfctl`: Kinference's command line, in the manner of `linkerd`: it prints the manifests that
 //! install the control plane, and injects workloads' manifests, so that both work with nothing but
-//! `kubectl apply`.
+//! `kubectl apply`; and it checks a cluster before and after the install.
 
+mod check;
 mod inject;
 mod install;
 
@@ -20,11 +21,14 @@ enum Command {
     Install(install::Args),
     /// Annotate workloads in manifests for proxy injection (pipe them to `kubectl apply -f -`).
     Inject(inject::Args),
+    /// Check that the cluster can take Kinference (--pre), or that the installation works.
+    Check(check::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Install(args) => install::run(args),
         Command::Inject(args) => inject::run(args),
+        Command::Check(args) => check::run(args),
     }
 }

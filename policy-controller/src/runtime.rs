@@ -9,7 +9,7 @@ use crate::{admin, local::LocalSource, metrics::Metrics};
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use kinference_policy_k8s_index::{Index, SharedIndex};
-use std::{future::Future, net::SocketAddr, path::PathBuf, time::Duration};
+use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
 
 #[derive(Clone, Debug, Parser)]
@@ -258,12 +258,30 @@ async fn run_kubernetes(
         }
         None => None,
     };
-    if let Some(path) = &args.proxy_config {
-        // The injector reads it; checking here makes a missing mount fail at start.
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the proxy config {}", path.display()))?;
-        serde_json::from_str::<serde_json::Value>(&text)
-            .with_context(|| format!("{} is not JSON", path.display()))?;
+    // The injector serves beside the validating webhook when the proxy defaults are
+    // mounted; a missing or invalid file is fatal rather than injecting half a proxy.
+    let injector = match &args.proxy_config {
+        Some(path) => {
+            let proxy = kinference_policy_admission::ProxyConfig::load(path)
+                .context("loading the injector's proxy config")?;
+            let config = kinference_policy_admission::InjectConfig {
+                proxy,
+                control_plane_namespace: kube_args.pod_namespace.clone(),
+            };
+            let events = kinference_policy_admission::KubeEventRecorder::new(
+                client.clone(),
+                Some(kube_args.pod_name.clone()),
+            );
+            Some(kinference_policy_admission::Injector::new(
+                config,
+                client.clone(),
+                Arc::new(events),
+            ))
+        }
+        None => None,
+    };
+    if injector.is_some() && webhook.is_none() {
+        bail!("--proxy-config needs --admission-addr: the injector is a webhook");
     }
 
     let (grpc, grpc_addr, admin_addr) = bind_servers(&args, &metrics, &index).await?;
@@ -289,7 +307,10 @@ async fn run_kubernetes(
         async move {
             match webhook {
                 Some((listener, tls)) => {
-                    kinference_policy_admission::serve(listener, tls, shutdown).await
+                    kinference_policy_admission::serve_with_injector(
+                        listener, tls, injector, shutdown,
+                    )
+                    .await
                 }
                 None => {
                     shutdown.await;

@@ -35,13 +35,31 @@ pub fn controller_binary(default: &str) -> PathBuf {
         .map_or_else(|| PathBuf::from(default), PathBuf::from)
 }
 
-/// A running controller on its own manifest directory.
+/// A running controller on its own manifest directory (or, in Kubernetes mode, its own
+/// directory of kubeconfig and certificates).
 #[derive(Debug)]
 pub struct Controller {
     child: Child,
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The admission webhooks' TLS address, in Kubernetes mode.
+    pub admission_addr: Option<SocketAddr>,
     dir: tempfile::TempDir,
+}
+
+/// What a Kubernetes-mode controller is started with.
+#[derive(Debug)]
+pub struct KubeSetup {
+    /// The kubeconfig file's contents (pointing at the API server double).
+    pub kubeconfig: String,
+    /// PEM certificate and key of the admission webhooks.
+    pub tls_cert_pem: String,
+    pub tls_key_pem: String,
+    /// The injector's `config.json`, if any.
+    pub proxy_config: Option<String>,
+    pub pod_name: String,
+    pub pod_namespace: String,
+    pub lease_name: String,
 }
 
 impl Controller {
@@ -68,11 +86,49 @@ impl Controller {
                 std::fs::copy(&path, dir.path().join(name))?;
             }
         }
-        let mut child = Command::new(bin)
-            .arg("--manifests")
+        let mut cmd = Command::new(bin);
+        cmd.arg("--manifests")
             .arg(dir.path())
+            .args(["--debounce-ms", &debounce_ms.to_string()]);
+        Self::spawn(cmd, dir).await
+    }
+
+    /// Starts the controller binary `bin` in Kubernetes mode (no `--manifests`), with a
+    /// kubeconfig in `KUBECONFIG` and the environment the chart gives it.
+    pub async fn start_kubernetes(bin: &Path, setup: &KubeSetup) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let write = |name: &str, contents: &str| -> anyhow::Result<PathBuf> {
+            let path = dir.path().join(name);
+            std::fs::write(&path, contents)?;
+            Ok(path)
+        };
+        let kubeconfig = write("kubeconfig", &setup.kubeconfig)?;
+        let cert = write("tls.crt", &setup.tls_cert_pem)?;
+        let key = write("tls.key", &setup.tls_key_pem)?;
+        let mut cmd = Command::new(bin);
+        cmd.args(["--admission-addr", "127.0.0.1:0"])
+            .arg("--admission-tls-cert")
+            .arg(&cert)
+            .arg("--admission-tls-key")
+            .arg(&key)
+            .args(["--lease-name", &setup.lease_name])
+            .args(["--cluster-domain", "cluster.local"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAME", &setup.pod_name)
+            .env("POD_NAMESPACE", &setup.pod_namespace)
+            // Not in a pod: never the in-cluster configuration.
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
+            .env_remove("KINFERENCE_MANIFESTS");
+        if let Some(config) = &setup.proxy_config {
+            cmd.arg("--proxy-config").arg(write("config.json", config)?);
+        }
+        Self::spawn(cmd, dir).await
+    }
+
+    async fn spawn(mut cmd: Command, dir: tempfile::TempDir) -> anyhow::Result<Self> {
+        let mut child = cmd
             .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
-            .args(["--debounce-ms", &debounce_ms.to_string()])
             // Quiet unless a run asks for more with RUST_LOG.
             .env(
                 "RUST_LOG",
@@ -98,12 +154,14 @@ impl Controller {
         };
         let grpc_addr = field("grpc=")?;
         let admin_addr = field("admin=")?;
+        let admission_addr = field("admission=").ok();
         // Keep reading stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Ok(Self {
             child,
             grpc_addr,
             admin_addr,
+            admission_addr,
             dir,
         })
     }
@@ -141,6 +199,25 @@ impl Controller {
         let rsp = reqwest::get(format!("http://{}{path}", self.admin_addr)).await?;
         let status = rsp.status().as_u16();
         Ok((status, rsp.text().await?))
+    }
+
+    /// Waits until `GET path` on the admin server answers `status`, failing after
+    /// [`EVENT_TIMEOUT`]; returns every status seen on the way.
+    pub async fn wait_admin_status(&self, path: &str, status: u16) -> anyhow::Result<Vec<u16>> {
+        let mut seen = Vec::new();
+        let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+        loop {
+            let (got, _) = self.admin_get(path).await?;
+            seen.push(got);
+            if got == status {
+                return Ok(seen);
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("{path} never answered {status}; saw {seen:?}");
+            }
+            // Probing, as the kubelet does; the bound above is what fails the test.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Whether the process is still running.

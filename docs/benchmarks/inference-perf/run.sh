@@ -3,7 +3,8 @@
 #
 #   docs/benchmarks/inference-perf/run.sh
 #
-# Starts the simulated fleet, the controller and the proxy, runs inference-perf with config.yml against the proxy's OpenAI URL, and copies
+# Starts the simulated fleet, the controller and the proxy, runs inference-perf with config.yml
+# against the proxy's OpenAI URL, and copies
 # its report files and a snapshot of the proxy's metrics into this folder. inference-perf needs
 # Python >= 3.12; it is installed in a virtual environment outside the repository
 # ($INFERENCE_PERF_VENV, default /tmp/inference-perf-venv) with the tokenizer package.
@@ -29,8 +30,8 @@ target=${CARGO_TARGET_DIR:-target}
 proxy_bin=$target/release/kinference-proxy
 [ -x "$proxy_bin" ] || proxy_bin=$target/debug/kinference-proxy
 for b in "$target/debug/vllm-sim" "$target/debug/kinference-policy-controller" "$proxy_bin" \
-  "$target/release/kinference-loadgen"; do
-  [ -x "$b" ] || { echo "missing $b: cargo build -p kinference-vllm-sim -p kinference-policy-controller -p kinference-proxy; cargo build --release -p kinference-loadgen" >&2; exit 1; }
+  "$target/debug/kinference-loadgen"; do
+  [ -x "$b" ] || { echo "missing $b: cargo build -p kinference-vllm-sim -p kinference-policy-controller -p kinference-proxy -p kinference-loadgen" >&2; exit 1; }
 done
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$work"' EXIT
@@ -53,7 +54,7 @@ for model in glm-5.3 glm-5.3 qwen-3.6-27b qwen-3.6-27b; do
   port=$(sed -n 's|listening on http://[^:]*:\([0-9]*\).*|\1|p' "$work/sim$n.out" | head -1)
   ports+=(--port "$model=$port")
 done
-"$target/release/kinference-loadgen" manifests --examples examples --out "$work/manifests" "${ports[@]}"
+"$target/debug/kinference-loadgen" manifests --examples examples --out "$work/manifests" "${ports[@]}"
 start controller "kinference-policy-controller " "$target/debug/kinference-policy-controller" \
   --manifests "$work/manifests" --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0
 grpc=$(sed -n 's|.*grpc=\([^ ]*\).*|\1|p' "$work/controller.out")

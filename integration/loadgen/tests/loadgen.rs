@@ -42,7 +42,9 @@ async fn server(fail_every: u64, sse: bool, done: bool) -> (SocketAddr, Arc<Atom
                         async move {
                             let _ = req.into_body().collect().await;
                             let n = c.fetch_add(1, Ordering::SeqCst) + 1;
-                            let resp: Response<Body> = if fail_every > 0 && n.is_multiple_of(fail_every) {
+                            let resp: Response<Body> = if fail_every > 0
+                                && n.is_multiple_of(fail_every)
+                            {
                                 Response::builder()
                                     .status(StatusCode::SERVICE_UNAVAILABLE)
                                     .body(Full::new(Bytes::from_static(b"{}")).boxed())

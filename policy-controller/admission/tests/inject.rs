@@ -8,12 +8,12 @@ use kinference_k8s_api_double::ApiServer;
 use kinference_policy_admission::{
     EventRecorder, InjectConfig, InjectionEvent, Injector, ProxyConfig,
 };
-use std::sync::Mutex;
 use serde_json::{Value, json};
 use std::sync::Arc;
+use std::sync::Mutex;
 
 /// `config.json` as the chart and `kinfctl install` render it from the default values.
-pub const CONFIG_JSON: &str = r#"{"controllerAddr":"http://kinference-policy-controller.kinference.svc.cluster.local:8090","image":"ghcr.io/kinference/proxy:0.1.0","imagePullPolicy":"IfNotPresent","imagePullSecrets":[],"initImage":"ghcr.io/kinference/proxy-init:0.1.0","initImagePullPolicy":"IfNotPresent","initResources":{"limits":{"memory":"64Mi"},"requests":{"cpu":"10m","memory":"16Mi"}},"logFormat":"json","logLevel":"info","ports":{"admin":4191,"outbound":4140},"resources":{"limits":{"memory":"256Mi"},"requests":{"cpu":"100m","memory":"64Mi"}},"uid":2102}"#;
+pub const CONFIG_JSON: &str = include_str!("fixtures/config.json");
 
 #[derive(Debug, Default)]
 struct Recording(Mutex<Vec<InjectionEvent>>);
@@ -76,6 +76,21 @@ fn review_of(pod: &Value, namespace: &str, operation: &str) -> Value {
     })
 }
 
+/// The patch bytes of a response: kube-rs writes `[]byte` as a JSON array of numbers, which
+/// the API server's Go decoder reads as it reads Go's own base64 string; accept both.
+pub fn patch_bytes(patch: &Value) -> Option<Vec<u8>> {
+    match patch {
+        Value::String(b64) => Some(base64_decode(b64)),
+        Value::Array(bytes) => Some(
+            bytes
+                .iter()
+                .map(|b| u8::try_from(b.as_u64().expect("a byte")).expect("a byte"))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
 fn base64_decode(text: &str) -> Vec<u8> {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = Vec::new();
@@ -111,9 +126,9 @@ impl Harness {
         assert_eq!(answer["kind"], "AdmissionReview");
         let response = answer["response"].clone();
         assert_eq!(response["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
-        let patch = response["patch"].as_str().map(|b64| {
+        let patch = patch_bytes(&response["patch"]).map(|bytes| {
             assert_eq!(response["patchType"], "JSONPatch");
-            serde_json::from_slice(&base64_decode(b64)).unwrap()
+            serde_json::from_slice(&bytes).unwrap()
         });
         (response, patch)
     }

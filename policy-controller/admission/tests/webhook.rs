@@ -1,5 +1,6 @@
 //! The webhook over real TLS on loopback, with a certificate generated for the test and
-//! loaded from PEM files as a mounted Secret would provide them.
+//! loaded from PEM files as a mounted Secret would provide them: `/validate`, and `/inject`
+//! with the namespace read from, and the event written to, the API server double.
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -21,6 +22,10 @@ struct Webhook {
 }
 
 async fn start() -> Webhook {
+    start_with(None).await
+}
+
+async fn start_with(injector: Option<kinference_policy_admission::Injector>) -> Webhook {
     let key = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let cert_path = dir.path().join("tls.crt");
@@ -32,9 +37,14 @@ async fn start() -> Webhook {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(kinference_policy_admission::serve(listener, tls, async {
-        let _ = stopped.await;
-    }));
+    tokio::spawn(kinference_policy_admission::serve_with_injector(
+        listener,
+        tls,
+        injector,
+        async {
+            let _ = stopped.await;
+        },
+    ));
 
     let mut roots = RootCertStore::empty();
     roots.add(key.cert.der().clone()).unwrap();
@@ -226,5 +236,100 @@ async fn a_malformed_review_gets_400_and_unknown_paths_404() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(String::from_utf8_lossy(&body).contains("no request"));
     let (status, _) = webhook.post("/mutate", b"{}".to_vec()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn inject_over_tls_patches_the_pod_and_posts_an_event() {
+    use kinference_k8s_api_double::ApiServer;
+    use kinference_policy_admission::{InjectConfig, Injector, KubeEventRecorder, ProxyConfig};
+
+    let api = ApiServer::with_objects([json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "apps", "annotations": {"kinference.io/inject": "enabled"}},
+    })])
+    .await;
+    let config = InjectConfig {
+        proxy: ProxyConfig::from_json(include_str!("fixtures/config.json")).unwrap(),
+        control_plane_namespace: "kinference".into(),
+    };
+    let client = api.client("injector");
+    let events = KubeEventRecorder::new(
+        client.clone(),
+        Some("kinference-policy-controller-0".into()),
+    );
+    let webhook = start_with(Some(Injector::new(config, client, Arc::new(events)))).await;
+
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "chat", "namespace": "apps", "labels": {"app": "chat"}},
+        "spec": {"containers": [{"name": "chat", "image": "ghcr.io/example/chat:1"}]},
+    });
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "uid-inject", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": "chat", "namespace": "apps", "operation": "CREATE",
+            "userInfo": {"username": "alice"}, "object": pod, "oldObject": null, "dryRun": false,
+        },
+    });
+    let (status, body) = webhook
+        .post("/inject", serde_json::to_vec(&review).unwrap())
+        .await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    let response = &answer["response"];
+    assert_eq!(response["uid"], "uid-inject");
+    assert_eq!(response["allowed"], true);
+    assert_eq!(response["patchType"], "JSONPatch");
+    let bytes: Vec<u8> = response["patch"]
+        .as_array()
+        .expect("patch bytes")
+        .iter()
+        .map(|b| u8::try_from(b.as_u64().unwrap()).unwrap())
+        .collect();
+    let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+    let mut patched = pod.clone();
+    json_patch::patch(&mut patched, &patch).unwrap();
+    let init: Vec<&str> = patched["spec"]["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(init, ["kinference-proxy-init", "kinference-proxy"]);
+
+    // The event, as kube's Recorder creates it, about the (bare) pod.
+    let event = api
+        .wait_for(WAIT, "an injection event", |s| {
+            s.requests().into_iter().find(|r| {
+                r.method == http::Method::POST
+                    && r.path == "/apis/events.k8s.io/v1/namespaces/apps/events"
+            })
+        })
+        .await;
+    assert_eq!(event.body["reason"], "Injected");
+    assert_eq!(event.body["type"], "Normal");
+    assert_eq!(
+        event.body["note"],
+        "Injected kinference-proxy into pod apps/chat (Pod apps/chat)"
+    );
+    assert_eq!(event.body["regarding"]["kind"], "Pod");
+    assert_eq!(event.body["regarding"]["name"], "chat");
+    assert_eq!(
+        event.body["reportingController"],
+        "kinference-proxy-injector"
+    );
+    assert_eq!(
+        event.body["reportingInstance"],
+        "kinference-policy-controller-0"
+    );
+
+    // Without an injector, /inject is not served.
+    let plain = start().await;
+    let (status, _) = plain
+        .post("/inject", serde_json::to_vec(&review).unwrap())
+        .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }

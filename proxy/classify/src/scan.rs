@@ -745,6 +745,23 @@ impl Scan {
         // Phrases continue only over exactly one byte between words.
         let contiguous = words.n > 0 && words.last_end + 1 == start;
         words.last_end = end;
+        if !contiguous {
+            // No phrase in progress (most words): this word alone, perhaps starting one.
+            words.n = 0;
+            if let Some(e) = lexicon.get(hash) {
+                let counted = markers_of(e, next);
+                self.count(counted, true);
+                if e.prefix {
+                    words.partial[0] = Partial {
+                        key: hash,
+                        words: 1,
+                        counted: [counted, 0, 0],
+                    };
+                    words.n = 1;
+                }
+            }
+            return;
+        }
         let mut extended = [Partial::default(); 3];
         let mut n_extended = 0;
         if contiguous {

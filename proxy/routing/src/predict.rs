@@ -73,6 +73,12 @@ pub struct PredictConfig {
     pub service_alpha: f64,
     /// Weight of the queue cost in the selection cost (0 selects on predicted TTFT alone).
     pub queue_cost_weight: f64,
+    /// Weight of the duplicate-prefix cost in the selection cost: the prompt tokens another
+    /// candidate of the same model has cached but this one would prefill again are charged once
+    /// more at this endpoint's rate (`miss_cost_s = weight × duplicate_tokens / rate`), for the
+    /// second copy of the prefix they put in the fleet's KV cache (which evicts other prefixes)
+    /// and the KV a hit would have shared with the running requests. 0 turns it off.
+    pub miss_cost_weight: f64,
 }
 
 impl Default for PredictConfig {
@@ -91,6 +97,7 @@ impl Default for PredictConfig {
             default_output_tokens: 256.0,
             service_alpha: 0.2,
             queue_cost_weight: 1.0,
+            miss_cost_weight: 1.0,
         }
     }
 }
@@ -271,7 +278,11 @@ pub struct Prediction {
     /// `queue_cost_weight × marginal_delay_s × requests_behind`: what sending it here costs
     /// the requests queued behind it.
     pub queue_cost_s: f64,
-    /// `predicted_ttft_s + queue_cost_s`: what the selection minimises.
+    /// Prompt tokens the best-cached candidate of the same model holds that this one does not.
+    pub duplicate_tokens: u32,
+    /// `miss_cost_weight × duplicate_tokens / rate`: what a duplicate prefix costs the fleet's cache.
+    pub miss_cost_s: f64,
+    /// `predicted_ttft_s + queue_cost_s + miss_cost_s`: what the selection minimises.
     pub selection_cost_s: f64,
     /// Whether the endpoint's scraped queue (`num_requests_waiting`) was within the freshness budget.
     pub signals_fresh: bool,
@@ -451,10 +462,25 @@ pub fn predict(
         requests_behind,
         marginal_delay_s,
         queue_cost_s,
+        duplicate_tokens: 0,
+        miss_cost_s: 0.0,
         selection_cost_s: predicted_ttft_s + queue_cost_s,
         signals_fresh: s
             .num_requests_waiting
             .is_some_and(|o| o.is_fresh(now, budget)),
+    }
+}
+
+impl Prediction {
+    /// Charges the prefix this endpoint would duplicate: `best_cached_tokens` is the most any
+    /// candidate of the same model has cached for this prompt.
+    pub fn charge_duplicate_prefix(&mut self, best_cached_tokens: u32, config: &PredictConfig) {
+        self.duplicate_tokens = best_cached_tokens
+            .min(self.prompt_tokens.saturating_sub(1))
+            .saturating_sub(self.cached_tokens);
+        self.miss_cost_s = config.miss_cost_weight.max(0.0) * f64::from(self.duplicate_tokens)
+            / self.prefill_tokens_per_second.max(1.0);
+        self.selection_cost_s = self.predicted_ttft_s + self.queue_cost_s + self.miss_cost_s;
     }
 }
 

@@ -418,6 +418,22 @@ impl Router {
             }
         }
 
+        // A candidate that would prefill again what another of the same model has cached pays for
+        // the duplicate copy of the prefix (see `PredictConfig::miss_cost_weight`).
+        if cfg.predict.miss_cost_weight > 0.0 {
+            for i in 0..candidates.len() {
+                let best = candidates
+                    .iter()
+                    .filter(|c| c.model == candidates[i].model)
+                    .map(|c| c.prediction.cached_tokens)
+                    .max()
+                    .unwrap_or(0);
+                candidates[i]
+                    .prediction
+                    .charge_duplicate_prefix(best, &cfg.predict);
+            }
+        }
+
         let mut decision = Decision {
             at: now,
             requested_model: request.requested_model.clone(),

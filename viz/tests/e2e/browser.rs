@@ -75,10 +75,11 @@ impl Browser {
 
     async fn cmd(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
         let url = format!("{}/session/{}{path}", self.base, self.session);
-        let v: Value = self
-            .http
-            .request(method, &url)
-            .json(&body)
+        let mut req = self.http.request(method, &url);
+        if !body.is_null() {
+            req = req.json(&body);
+        }
+        let v: Value = req
             .send()
             .await
             .expect(path)
@@ -109,7 +110,7 @@ impl Browser {
         )
         .await;
         let js = format!(
-            r#"if (document.body.getAttribute("data-loaded") !== "{page}") return null;
+            r##"if (document.body.getAttribute("data-loaded") !== "{page}") return null;
             const rows = [...document.querySelectorAll("#page-{page} table tbody")[0].querySelectorAll("tr")];
             return rows.map((tr) => {{
               const o = {{}};
@@ -118,7 +119,7 @@ impl Browser {
                 o[td.getAttribute("data-col")] = {{ text: td.textContent, value: (v === null || v === "") ? null : Number(v) }};
               }}
               return o;
-            }});"#
+            }});"##
         );
         super::support::eventually(
             &format!("the {page} page shows {min_rows} rows"),
@@ -133,7 +134,7 @@ impl Browser {
 
     pub async fn click_first_row(&self) {
         self.script(
-            r#"document.querySelector("#decisions-table tbody tr").click(); return null;"#,
+            r##"document.querySelector("#decisions-table tbody tr").click(); return null;"##,
         )
         .await;
         super::support::eventually("the record is shown", Duration::from_secs(10), || async {

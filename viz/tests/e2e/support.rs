@@ -21,6 +21,7 @@ pub fn tool(path: &str, package: &str) -> Option<PathBuf> {
 }
 
 /// The local stack with Prometheus scraping it every second and viz serving over both.
+#[allow(dead_code)] // The processes live as long as the system; not every test reads every field.
 pub struct System {
     pub stack: Stack,
     pub prometheus: local::PrometheusProc,
@@ -41,6 +42,12 @@ pub async fn start(prometheus_bin: &std::path::Path) -> System {
     .await
     .unwrap()
     .expect("the local stack starts");
+    let ready = format!("http://{}/ready", stack.proxy.admin);
+    eventually("the proxy is ready", Duration::from_secs(15), || async {
+        let r = reqwest::get(&ready).await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
     let listener = local::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let viz_addr = listener.local_addr().unwrap();
     let sims: Vec<String> = stack.sims.iter().map(|s| s.addr.to_string()).collect();
