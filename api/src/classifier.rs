@@ -119,7 +119,8 @@ impl<'de> Deserialize<'de> for ClassifierTag {
 #[serde(rename_all = "camelCase")]
 pub enum TagSource {
     /// Complexity scores the prompt in [0, 1] with Kinference's built-in complexity model and
-    /// tags it "low", "medium" or "high" by the thresholds.
+    /// tags it "low", "medium" or "high" by the thresholds (by default the model's calibrated
+    /// ones).
     Complexity(ComplexityTag),
 
     /// Keywords tags the prompt "true" when it contains any of the keywords, else "false".
@@ -153,9 +154,11 @@ impl TagSource {
 #[serde(rename_all = "camelCase")]
 pub struct ComplexityTag {
     /// Thresholds split the score into "low" (score < low), "medium" (low <= score < high) and
-    /// "high" (score >= high). Defaults to low 0.3, high 0.7.
-    #[serde(default)]
-    pub thresholds: ComplexityThresholds,
+    /// "high" (score >= high). Omit to use the model's calibrated thresholds: the score is the
+    /// probability that a prompt needs the strong model, and the model ships the thresholds
+    /// it was calibrated with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thresholds: Option<ComplexityThresholds>,
 }
 
 /// ComplexityThresholds are two scores with 0 <= low < high <= 1.
@@ -166,15 +169,6 @@ pub struct ComplexityThresholds {
     pub low: f64,
     /// High is the score at and above which a prompt is "high".
     pub high: f64,
-}
-
-impl Default for ComplexityThresholds {
-    fn default() -> Self {
-        Self {
-            low: 0.3,
-            high: 0.7,
-        }
-    }
 }
 
 impl ComplexityThresholds {
@@ -282,17 +276,17 @@ mod tests {
             panic!("keywords")
         };
         assert_eq!((k.weight, k.case_sensitive), (1.0, false));
+        // Thresholds left out stay unset (the model's calibrated ones apply), and are
+        // written back unset.
         let parsed = tag(serde_json::json!({"name": "c", "complexity": {}})).unwrap();
+        assert_eq!(
+            serde_json::to_value(&parsed).unwrap(),
+            serde_json::json!({"name": "c", "complexity": {}})
+        );
         let TagSource::Complexity(c) = parsed.source else {
             panic!("complexity")
         };
-        assert_eq!(
-            c.thresholds,
-            ComplexityThresholds {
-                low: 0.3,
-                high: 0.7
-            }
-        );
+        assert_eq!(c.thresholds, None);
     }
 
     #[test]

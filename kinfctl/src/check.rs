@@ -20,8 +20,9 @@ use kube::{Api, CustomResourceExt, api::ListParams};
 /// The controller's Deployment, Service and the injector's ConfigMap, as the chart names them.
 const CONTROLLER: &str = "kinference-policy-controller";
 const PROXY_CONFIG: &str = "kinference-proxy-config";
-/// Native sidecars (init containers with `restartPolicy: Always`) are on by default from 1.29.
-const MIN_MINOR_VERSION: u32 = 29;
+/// Native sidecars (init containers with `restartPolicy: Always`) are on by default from 1.29;
+/// 1.30 is the oldest release Kinference supports (docs/install.md).
+const MIN_MINOR_VERSION: u32 = 30;
 /// The CRD of the upstream InferencePool, which Kinference's pools are.
 const INFERENCE_POOL_CRD: &str = "inferencepools.inference.networking.k8s.io";
 
@@ -501,14 +502,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn versions_from_1_29_run_native_sidecars() {
-        assert!(check_version("1", "29").ok);
+    fn versions_from_1_30_run_native_sidecars() {
+        assert!(check_version("1", "30").ok);
+        assert!(!check_version("1", "29").ok);
         assert!(check_version("1", "31+").ok);
         let old = check_version("1", "28");
         assert!(!old.ok);
         assert_eq!(
             old.to_string(),
-            "× Kubernetes 1.28 is too old: the proxy is a native sidecar, which needs 1.29 or later"
+            "× Kubernetes 1.28 is too old: the proxy is a native sidecar, which needs 1.30 or later"
         );
         assert!(!check_version("x", "y").ok);
     }

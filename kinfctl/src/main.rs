@@ -5,6 +5,7 @@
 mod check;
 mod inject;
 mod install;
+mod viz;
 
 use clap::{Parser, Subcommand};
 
@@ -23,6 +24,8 @@ enum Command {
     Inject(inject::Args),
     /// Check that the cluster can take Kinference (--pre), or that the installation works.
     Check(check::Args),
+    /// Per-tenant stats, busiest routes and live decisions from kinference-viz.
+    Viz(viz::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,5 +33,6 @@ fn main() -> anyhow::Result<()> {
         Command::Install(args) => install::run(args),
         Command::Inject(args) => inject::run(args),
         Command::Check(args) => check::run(args),
+        Command::Viz(args) => viz::run(args),
     }
 }

@@ -275,11 +275,16 @@ async fn kubernetes_mode_serves_the_clusters_objects_writes_status_and_answers_w
     .await;
     assert_eq!(answer["allowed"], true, "{answer}");
     assert_eq!(answer["patchType"], "JSONPatch", "{answer}");
+    // kube-core sends the patch bytes as a JSON array (Go's decoder takes either form).
     let patch: Value = {
-        use base64::Engine as _;
-        let raw = base64::engine::general_purpose::STANDARD
-            .decode(answer["patch"].as_str().unwrap_or_else(|| panic!("no patch: {answer}")))
-            .unwrap();
+        let raw: Vec<u8> = match &answer["patch"] {
+            Value::String(b64) => {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD.decode(b64).unwrap()
+            }
+            other => serde_json::from_value(other.clone())
+                .unwrap_or_else(|e| panic!("no patch ({e}): {answer}")),
+        };
         serde_json::from_slice(&raw).unwrap()
     };
     assert!(

@@ -46,4 +46,3 @@ fn main() {
     bench(&mut c, &encoder);
     c.final_summary();
 }
-

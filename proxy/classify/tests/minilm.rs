@@ -50,10 +50,14 @@ fn paraphrases_embed_closer_than_unrelated_prompts() {
     assert!((norm - 1.0).abs() < 1e-4, "{norm}");
     let close = similarity(&billing, &paraphrase);
     let far = similarity(&billing, &outage);
+    eprintln!("paraphrase similarity {close:.3}, unrelated {far:.3}");
     // The two share almost no words, yet mean the same; the hashed embedding cannot see that.
     assert!(close > far + 0.2, "paraphrase {close}, unrelated {far}");
     // Deterministic.
-    assert_eq!(m.embed("I was charged twice on my invoice").unwrap(), billing);
+    assert_eq!(
+        m.embed("I was charged twice on my invoice").unwrap(),
+        billing
+    );
 }
 
 #[test]
@@ -61,7 +65,10 @@ fn long_text_is_cut_to_max_tokens() {
     let Some(m) = encoder() else { return };
     let head = "Summarise this contract clause about liability. ";
     let long = format!("{head}{}", "The weather was fine. ".repeat(200));
-    let longer = format!("{long}{}", "Totally different ending about rockets. ".repeat(50));
+    let longer = format!(
+        "{long}{}",
+        "Totally different ending about rockets. ".repeat(50)
+    );
     // Only the first 256 tokens are read, so what follows them changes nothing.
     assert_eq!(m.embed(&long).unwrap(), m.embed(&longer).unwrap());
 }

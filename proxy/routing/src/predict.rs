@@ -97,7 +97,7 @@ impl Default for PredictConfig {
             default_output_tokens: 256.0,
             service_alpha: 0.2,
             queue_cost_weight: 1.0,
-            miss_cost_weight: 1.0,
+            miss_cost_weight: 2.0,
         }
     }
 }
@@ -737,6 +737,55 @@ mod tests {
         assert!(close(p.predicted_ttft_s, 0.0001 + 0.01));
         assert!(close(p.selection_cost_s, p.predicted_ttft_s));
         assert!(!p.signals_fresh);
+    }
+
+    #[test]
+    fn a_duplicate_prefix_is_charged_at_this_endpoints_rate() {
+        let (signals, own) = example();
+        let prior = ModelPrior::default();
+        let view = EndpointView {
+            signals: &signals,
+            inflight: &own,
+            prior: &prior,
+            prefill_tokens_per_second: 8_000.0,
+            correction: 1.0,
+            mean_prompt_tokens: 2_000.0,
+            mean_service_s: None,
+        };
+        let cfg = PredictConfig::default();
+        let mut p = predict(
+            &view,
+            8_000,
+            Some((1_000, PrefixSource::Precise)),
+            t(1.2),
+            &cfg,
+        );
+        let before = p.selection_cost_s;
+        assert!(close(p.miss_cost_s, 0.0));
+        // Another candidate holds 6,000 tokens of this prompt: 5,000 would be prefilled again here,
+        // charged `miss_cost_weight` (2) × 5,000 / 8,000 tok/s = 1.25 s.
+        p.charge_duplicate_prefix(6_000, &cfg);
+        assert_eq!(p.duplicate_tokens, 5_000);
+        assert!(close(p.miss_cost_s, 2.0 * 5_000.0 / 8_000.0));
+        assert!(close(p.selection_cost_s, before + 1.25));
+        // The predicted TTFT itself is unchanged: the charge is for the fleet's cache, not this request.
+        assert!(close(
+            p.selection_cost_s - p.queue_cost_s - p.miss_cost_s,
+            p.predicted_ttft_s
+        ));
+        // The best candidate itself (or one holding more), and a prompt cached entirely elsewhere
+        // but for its last token, pay at most for what it would prefill.
+        p.charge_duplicate_prefix(1_000, &cfg);
+        assert_eq!((p.duplicate_tokens, p.miss_cost_s), (0, 0.0));
+        p.charge_duplicate_prefix(9_000, &cfg);
+        assert_eq!(p.duplicate_tokens, 6_999);
+        // Weight 0 turns it off.
+        let off = PredictConfig {
+            miss_cost_weight: 0.0,
+            ..cfg
+        };
+        p.charge_duplicate_prefix(6_000, &off);
+        assert!(close(p.miss_cost_s, 0.0) && close(p.selection_cost_s, before));
     }
 
     #[test]

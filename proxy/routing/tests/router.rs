@@ -325,7 +325,38 @@ fn precise_index_answers_for_endpoints_with_kv_events() {
     let c0 = d.candidates.iter().find(|c| c.endpoint != e1).unwrap();
     assert_eq!(c0.prediction.prefix_source, Some(PrefixSource::Approximate));
     assert_eq!(c0.prediction.cached_tokens, 0);
-    // 48 fewer tokens of prefill (4.8 ms) is within the 5 ms tie window.
+    // 48 fewer tokens of prefill (4.8 ms) is within the 5 ms tie window, but e0 would hold a second
+    // copy of those 48 tokens: charged 2 × 4.8 ms, so e1 wins.
+    assert!(close(
+        c0.prediction.predicted_ttft_s - c1.prediction.predicted_ttft_s,
+        0.0048
+    ));
+    assert_eq!(c0.prediction.duplicate_tokens, 48);
+    assert!(close(c0.prediction.miss_cost_s, 2.0 * 0.0048));
+    assert_eq!(c1.prediction.duplicate_tokens, 0);
+    assert_eq!(d.chosen_endpoint(), Some(&e1));
+    assert_eq!(d.reason, Reason::LowestPredictedTtft);
+    // Without the duplicate-prefix charge the two tie.
+    let mut config = RouterConfig::default();
+    config.predict.miss_cost_weight = 0.0;
+    let mut plain = Router::new(config);
+    plain.set_model_prior(GLM.into(), prior());
+    add(&mut plain, 2, GLM, "e", Some((t(1.0), 0)));
+    let mut meta = EndpointMeta::new(e1.clone(), GLM);
+    meta.kv_events = true;
+    plain.upsert_endpoint(meta, t(1.0));
+    plain
+        .apply_kv_events(
+            &e1,
+            &[KvEvent::BlockStored {
+                block_hashes: vec![100, 101, 102, 103],
+                parent_block_hash: None,
+                token_ids: vec![0; 64],
+                block_size: 16,
+            }],
+        )
+        .unwrap();
+    let d = plain.decide(&req, t(1.1), &mut ChaCha8Rng::seed_from_u64(0));
     assert_eq!(d.reason, Reason::TieBroken { tied: 2 });
     r.apply_kv_events(
         &e1,
@@ -598,9 +629,13 @@ fn queue_cost_keeps_a_prefix_where_it_is_cached_when_queues_form() {
     assert_eq!(d.chosen_endpoint(), Some(&e0));
     assert_eq!(d.reason, Reason::LowestPredictedTtft);
 
-    // With the queue cost off, the lowest predicted TTFT wins.
+    // e1 would also hold a second copy of the 6,000 cached tokens: 2 × 0.6 s.
+    assert!(close(p1.miss_cost_s, 1.2) && close(p0.miss_cost_s, 0.0));
+
+    // With the queue and duplicate-prefix costs off, the lowest predicted TTFT wins.
     let mut config = RouterConfig::default();
     config.predict.queue_cost_weight = 0.0;
+    config.predict.miss_cost_weight = 0.0;
     let mut plain = Router::new(config);
     plain.set_model_prior(GLM.into(), prior());
     add(&mut plain, 2, GLM, "e", Some((t(1.0), 0)));

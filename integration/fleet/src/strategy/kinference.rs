@@ -73,16 +73,11 @@ pub struct Kinference {
     handles: HashMap<u64, DispatchHandle>,
     /// The decision for the request being picked, kept for `on_dispatch`.
     last: Option<(u64, routing::Decision, PromptBlocks)>,
-    trace: HashMap<u64, (f64, String)>,
 }
 
 impl Kinference {
     pub fn new(replicas: &[ReplicaInfo]) -> Self {
-        let mut cfg = RouterConfig::default();
-        if let Some(w) = std::env::var("KMISS").ok().and_then(|v| v.parse().ok()) {
-            cfg.predict.miss_cost_weight = w;
-        }
-        let mut router = routing::Router::new(cfg);
+        let mut router = routing::Router::new(RouterConfig::default());
         let mut ids = Vec::new();
         let mut models = Vec::new();
         let mut by_id = HashMap::new();
@@ -108,7 +103,6 @@ impl Kinference {
             by_id,
             handles: HashMap::new(),
             last: None,
-            trace: HashMap::new(),
         }
     }
 }
@@ -160,19 +154,6 @@ impl Router for Kinference {
     }
 
     fn on_dispatch(&mut self, req: &Req<'_>, _replica: usize, now: SimTime) {
-        if std::env::var_os("KTRACE").is_some()
-            && let Some((_, d, _)) = self.last.as_ref()
-            && let Some(c) = d.chosen()
-        {
-            let p = &c.prediction;
-            let best_other = d.candidates.iter().filter(|o| o.endpoint != c.endpoint).map(|o| o.prediction.selection_cost_s).fold(f64::INFINITY, f64::min);
-            let maxcached = d.candidates.iter().map(|o| o.prediction.cached_tokens).max().unwrap_or(0);
-            let line = format!("{},{},{:?},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3},{},{},{},{:.4},{:.4},{:.4},{:?},{}",
-                c.endpoint, p.cached_tokens, p.prefix_source, maxcached, p.prefill_wait_s, p.capacity_wait_s, p.prefill_s, p.decode_interference_s,
-                p.kv_pressure_factor, p.correction, p.kv_cache_usage.map_or(-1.0, |u| u.value), p.other_waiting_requests, p.own_awaiting_first_token,
-                p.running_seqs, p.predicted_ttft_s, p.queue_cost_s, best_other, d.reason, p.queued_prefill_tokens as u64);
-            self.trace.insert(req.id, (now.as_secs_f64(), line));
-        }
         if let Some((id, decision, blocks)) = self.last.take()
             && id == req.id
             && let Ok(h) = self.router.dispatch(&decision, &blocks, time(now))
@@ -184,9 +165,6 @@ impl Router for Kinference {
     fn on_first_token(&mut self, id: u64, _replica: usize, now: SimTime) {
         if let Some(&h) = self.handles.get(&id) {
             let _ = self.router.first_token(h, time(now));
-        }
-        if let Some((at, line)) = self.trace.remove(&id) {
-            eprintln!("KT,{id},{:.4},{:.4},{line}", at, now.as_secs_f64() - at);
         }
     }
 

@@ -169,8 +169,8 @@ fn bench(c: &mut Criterion) {
                 )
             },
         );
-        // The worst case: a pool's change can alter every route's backends and every
-        // policy's validity, so every watched parent is recomputed.
+        // A pool's spec (its target ports) changes its endpoints only: routes and
+        // policies use its name.
         group.bench_with_input(BenchmarkId::new("pool_change", routes), &routes, |b, _| {
             b.iter_batched(
                 || {
@@ -181,6 +181,25 @@ fn bench(c: &mut Criterion) {
                 criterion::BatchSize::SmallInput,
             )
         });
+        // A pool deleted and created again: each recomputes, through the reverse maps,
+        // the parents whose routes send to it (1 in 10) or whose policy's models use
+        // it (2 in 10), and no others.
+        let pool_key = pool(0, false).key();
+        group.bench_with_input(
+            BenchmarkId::new("pool_delete_recreate", routes),
+            &routes,
+            |b, _| {
+                b.iter_batched(
+                    || pool(0, false),
+                    |r| {
+                        let mut index = f.index.write();
+                        index.delete(&pool_key);
+                        index.apply(black_box(r));
+                    },
+                    criterion::BatchSize::SmallInput,
+                )
+            },
+        );
     }
     group.finish();
 }

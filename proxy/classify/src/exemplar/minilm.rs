@@ -70,12 +70,11 @@ impl MiniLm {
             std::fs::read(&path).map_err(|error| MiniLmError::Io { path, error })
         };
         let config_path = dir.join("config.json");
-        let config: Config = serde_json::from_slice(&read("config.json")?).map_err(|error| {
-            MiniLmError::Config {
+        let config: Config =
+            serde_json::from_slice(&read("config.json")?).map_err(|error| MiniLmError::Config {
                 path: config_path,
                 error,
-            }
-        })?;
+            })?;
         let tokenizer_path = dir.join("tokenizer.json");
         let mut tokenizer =
             Tokenizer::from_bytes(read("tokenizer.json")?).map_err(|e| MiniLmError::Tokenizer {
