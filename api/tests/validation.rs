@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use kinference_api::{
     InferenceClassifier, InferencePolicy, InferencePool,
-    classifier::TagSource,
+    classifier::{ComplexityThresholds, TagSource},
     policy::{ModelAlias, PolicyRule, RuleAction, RuleMatch, TagMatch, WorkloadMatch},
     validate::{ErrorKind, ValidationErrors},
     validate_classifier, validate_policy,
@@ -340,8 +340,16 @@ fn thresholds_out_of_order_or_range() {
     let TagSource::Complexity(c) = &mut s.classifier.spec.tags[0].source else {
         panic!("the example's first tag is complexity");
     };
-    c.thresholds.low = 0.8;
-    c.thresholds.high = 0.3;
+    // The example leaves them unset (the model's calibrated thresholds): valid.
+    assert_eq!(c.thresholds, None);
+    assert!(validate_classifier(&s.classifier).is_ok());
+    let TagSource::Complexity(c) = &mut s.classifier.spec.tags[0].source else {
+        unreachable!()
+    };
+    c.thresholds = Some(ComplexityThresholds {
+        low: 0.8,
+        high: 0.3,
+    });
     assert_eq!(
         pairs(&s.classifier_errors()),
         [(
@@ -354,8 +362,10 @@ fn thresholds_out_of_order_or_range() {
     let TagSource::Complexity(c) = &mut s.classifier.spec.tags[0].source else {
         unreachable!()
     };
-    c.thresholds.low = -0.1;
-    c.thresholds.high = 1.5;
+    c.thresholds = Some(ComplexityThresholds {
+        low: -0.1,
+        high: 1.5,
+    });
     assert_eq!(
         pairs(&s.classifier_errors()),
         [

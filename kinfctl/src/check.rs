@@ -83,15 +83,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async {
         let client = client(&args).await?;
-        let mut failed = 0;
         let print = |o: &Outcome| println!("{o}");
         let outcomes = checks(&client, &args.namespace, args.pre, print).await;
-        failed += outcomes.iter().filter(|o| !o.ok).count();
+        let failed = outcomes.iter().filter(|o| !o.ok).count();
         println!();
         if failed == 0 {
             println!("Status check results are √");
             Ok(())
         } else {
+            println!("Status check results are ×");
             anyhow::bail!("{failed} check(s) failed")
         }
     })

@@ -140,7 +140,14 @@ async fn review(addr: SocketAddr, tls: &Tls, path: &str, review: &Value) -> Valu
         .expect("the webhook answers")
 }
 
-fn admission_review(uid: &str, group: &str, kind: &str, resource: &str, ns: &str, object: Value) -> Value {
+fn admission_review(
+    uid: &str,
+    group: &str,
+    kind: &str,
+    resource: &str,
+    ns: &str,
+    object: Value,
+) -> Value {
     let version = if group.is_empty() { "v1" } else { "v1alpha1" };
     json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -183,7 +190,9 @@ async fn kubernetes_mode_serves_the_clusters_objects_writes_status_and_answers_w
     let server = ApiServer::with_objects(objects()).await;
     let tls = tls();
     let ctl = start(&server, &tls).await;
-    let admission = ctl.admission_addr.expect("the admission address is printed");
+    let admission = ctl
+        .admission_addr
+        .expect("the admission address is printed");
 
     // Ready once every kind is listed.
     ctl.wait_admin_status("/ready", 200).await.unwrap();
@@ -200,7 +209,16 @@ async fn kubernetes_mode_serves_the_clusters_objects_writes_status_and_answers_w
     })
     .await
     .unwrap();
-    let models: Vec<_> = policy.models.iter().map(|m| (m.name.as_str(), m.prior.as_ref().map(|p| p.prefill_tokens_per_second))).collect();
+    let models: Vec<_> = policy
+        .models
+        .iter()
+        .map(|m| {
+            (
+                m.name.as_str(),
+                m.prior.as_ref().map(|p| p.prefill_tokens_per_second),
+            )
+        })
+        .collect();
     assert_eq!(models, vec![("glm-5.3", Some(12000.0))]);
 
     // The pool's endpoints come from its EndpointSlice...
@@ -208,13 +226,19 @@ async fn kubernetes_mode_serves_the_clusters_objects_writes_status_and_answers_w
     let (first, _) = next_matching(&mut pool, "the pool's endpoint", |u| !added(u).is_empty())
         .await
         .unwrap();
-    assert_eq!(added(&first), vec!["10.0.1.1:8001".parse::<SocketAddr>().unwrap()]);
+    assert_eq!(
+        added(&first),
+        vec!["10.0.1.1:8001".parse::<SocketAddr>().unwrap()]
+    );
     // ...and the Service's from the slice the EndpointSlice controller labels with it.
     let mut svc = destination(&ctl, AUTHORITY).await;
     let (first, _) = next_matching(&mut svc, "the Service's endpoint", |u| !added(u).is_empty())
         .await
         .unwrap();
-    assert_eq!(added(&first), vec!["10.0.2.1:8080".parse::<SocketAddr>().unwrap()]);
+    assert_eq!(
+        added(&first),
+        vec!["10.0.2.1:8080".parse::<SocketAddr>().unwrap()]
+    );
 
     // A change in the cluster reaches the stream.
     server.put(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
@@ -224,7 +248,10 @@ async fn kubernetes_mode_serves_the_clusters_objects_writes_status_and_answers_w
     let (next, _) = next_matching(&mut pool, "the new endpoint", |u| !added(u).is_empty())
         .await
         .unwrap();
-    assert_eq!(added(&next), vec!["10.0.1.2:8001".parse::<SocketAddr>().unwrap()]);
+    assert_eq!(
+        added(&next),
+        vec!["10.0.1.2:8001".parse::<SocketAddr>().unwrap()]
+    );
 
     // The replica takes the Lease named on its command line, in POD_NAMESPACE, as POD_NAME...
     let holder = server
@@ -254,7 +281,14 @@ async fn kubernetes_mode_serves_the_clusters_objects_writes_status_and_answers_w
         admission,
         &tls,
         "/validate",
-        &admission_review("u-1", "policy.kinference.io", "InferencePolicy", "inferencepolicies", "apps", bad),
+        &admission_review(
+            "u-1",
+            "policy.kinference.io",
+            "InferencePolicy",
+            "inferencepolicies",
+            "apps",
+            bad,
+        ),
     )
     .await;
     assert_eq!(answer["uid"], "u-1");
@@ -280,7 +314,9 @@ async fn kubernetes_mode_serves_the_clusters_objects_writes_status_and_answers_w
         let raw: Vec<u8> = match &answer["patch"] {
             Value::String(b64) => {
                 use base64::Engine as _;
-                base64::engine::general_purpose::STANDARD.decode(b64).unwrap()
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .unwrap()
             }
             other => serde_json::from_value(other.clone())
                 .unwrap_or_else(|e| panic!("no patch ({e}): {answer}")),
@@ -308,7 +344,10 @@ async fn not_ready_until_every_kind_is_listed() {
     // ...and the pod list has been refused at least once...
     server
         .wait_for(EVENT_TIMEOUT, "a refused pod list", |s| {
-            s.requests().iter().any(|r| r.path == "/api/v1/pods").then_some(())
+            s.requests()
+                .iter()
+                .any(|r| r.path == "/api/v1/pods")
+                .then_some(())
         })
         .await;
     // ...but the controller does not claim to be ready.

@@ -161,9 +161,10 @@ async fn serves_the_example_policy() -> anyhow::Result<()> {
     assert_eq!(tags.len(), 3);
     assert_eq!(
         tags[0].kind,
+        // The example leaves the thresholds to the model's calibration: sent unset.
         Some(classifier::tag::Kind::Complexity(classifier::Complexity {
-            low_threshold: 0.35,
-            high_threshold: 0.7
+            low_threshold: None,
+            high_threshold: None
         }))
     );
     assert!(
@@ -406,11 +407,16 @@ async fn a_malformed_file_keeps_its_last_good_contents() -> anyhow::Result<()> {
     .await?;
     ctl.write("policy.yaml", "spec: [unclosed\n")?;
     // A later, valid change elsewhere proves the reload happened.
-    edit(&ctl, "classifier.yaml", "low: 0.35", "low: 0.25")?;
+    edit(
+        &ctl,
+        "classifier.yaml",
+        "complexity: {}",
+        "complexity: {thresholds: {low: 0.25, high: 0.7}}",
+    )?;
     let (p, _) = next_matching(&mut stream, "the new threshold", |p| {
         matches!(
             p.classifiers.first().and_then(|c| c.tags[0].kind.as_ref()),
-            Some(classifier::tag::Kind::Complexity(c)) if c.low_threshold == 0.25
+            Some(classifier::tag::Kind::Complexity(c)) if c.low_threshold == Some(0.25)
         )
     })
     .await?;

@@ -22,13 +22,16 @@ pub fn definition(classifiers: &[api::Classifier]) -> ClassifierDefinition {
                 continue;
             }
             let kind = match &t.kind {
+                // Unset (both fields absent; an older controller's 0/0 arrives so too): the
+                // model's calibrated thresholds.
                 Some(Kind::Complexity(c)) => TagKind::Complexity {
-                    thresholds: (c.low_threshold != 0.0 || c.high_threshold != 0.0).then_some(
-                        Thresholds {
-                            low: c.low_threshold as f32,
-                            high: c.high_threshold as f32,
-                        },
-                    ),
+                    thresholds: match (c.low_threshold, c.high_threshold) {
+                        (Some(low), Some(high)) => Some(Thresholds {
+                            low: low as f32,
+                            high: high as f32,
+                        }),
+                        _ => None,
+                    },
                 },
                 Some(Kind::Keywords(k)) => TagKind::Rules {
                     value: "true".into(),
@@ -134,7 +137,7 @@ pub(crate) mod tests {
     use api::classifier;
     use kinference_classify::{Prompt, Role, Turn};
 
-    /// The classifier of `examples/classifier.yaml`.
+    /// The classifier of `examples/classifier.yaml`, with explicit complexity thresholds.
     pub(crate) fn example() -> Vec<api::Classifier> {
         vec![api::Classifier {
             source: None,
@@ -142,8 +145,8 @@ pub(crate) mod tests {
                 classifier::Tag {
                     name: "complexity".into(),
                     kind: Some(Kind::Complexity(classifier::Complexity {
-                        low_threshold: 0.35,
-                        high_threshold: 0.7,
+                        low_threshold: Some(0.35),
+                        high_threshold: Some(0.7),
                     })),
                 },
                 classifier::Tag {

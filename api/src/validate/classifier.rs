@@ -4,7 +4,7 @@
 use super::{ErrorKind, Errors, check_name, check_range, check_unique};
 use crate::{
     InferenceClassifier,
-    classifier::{ClassifierTag, TagSource},
+    classifier::{ClassifierTag, ComplexityTag, TagSource},
 };
 
 /// The longest tag name.
@@ -45,9 +45,11 @@ fn validate_tag(field: &str, tag: &ClassifierTag, errors: &mut Errors) {
     }
 
     match &tag.source {
-        TagSource::Complexity(complexity) => {
+        // Unset thresholds are the model's calibrated ones; set ones must be sound.
+        TagSource::Complexity(ComplexityTag {
+            thresholds: Some(t),
+        }) => {
             let field = format!("{field}.complexity.thresholds");
-            let t = &complexity.thresholds;
             check_range(
                 errors,
                 &format!("{field}.low"),
@@ -76,6 +78,7 @@ fn validate_tag(field: &str, tag: &ClassifierTag, errors: &mut Errors) {
                 );
             }
         }
+        TagSource::Complexity(ComplexityTag { thresholds: None }) => {}
         TagSource::Keywords(keywords) => {
             let field = format!("{field}.keywords");
             if keywords.values.is_empty() {

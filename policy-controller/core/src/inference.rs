@@ -130,11 +130,18 @@ pub struct ClassifierTag {
     pub kind: ClassifierKind,
 }
 
+/// Scores below `low` are `low`, at or above `high` are `high`, between are `medium`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ComplexityThresholds {
+    pub low: f64,
+    pub high: f64,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum ClassifierKind {
+    /// `None`: the complexity model's own calibrated thresholds.
     Complexity {
-        low_threshold: f64,
-        high_threshold: f64,
+        thresholds: Option<ComplexityThresholds>,
     },
     Keywords {
         values: Vec<String>,

@@ -82,7 +82,10 @@ impl ParentTarget {
 
     /// Parses `<name>.<namespace>.svc.<cluster_domain>:<port>` (also without the cluster
     /// domain, and with a trailing dot).
-    pub fn from_authority_in(authority: &str, cluster_domain: &str) -> Result<Self, AuthorityError> {
+    pub fn from_authority_in(
+        authority: &str,
+        cluster_domain: &str,
+    ) -> Result<Self, AuthorityError> {
         let cluster_domain = cluster_domain.trim_matches('.');
         let (host, port) = authority
             .rsplit_once(':')
@@ -214,8 +217,14 @@ mod tests {
     fn parses_and_writes_authorities_in_another_cluster_domain() {
         let t = ParentTarget::from_authority_in("llm.apps.svc.corp.example:80", "corp.example")
             .unwrap();
-        assert_eq!((t.name.as_str(), t.namespace.as_str(), t.port), ("llm", "apps", 80));
-        assert_eq!(t.authority_in("corp.example."), "llm.apps.svc.corp.example:80");
+        assert_eq!(
+            (t.name.as_str(), t.namespace.as_str(), t.port),
+            ("llm", "apps", 80)
+        );
+        assert_eq!(
+            t.authority_in("corp.example."),
+            "llm.apps.svc.corp.example:80"
+        );
         // The default domain is not special once another is configured.
         assert!(matches!(
             ParentTarget::from_authority_in("llm.apps.svc.cluster.local:80", "corp.example"),

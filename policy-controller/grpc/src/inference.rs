@@ -61,7 +61,12 @@ where
                 })?;
                 let port = u16::try_from(addr.port)
                     .map_err(|_| tonic::Status::invalid_argument("port out of range"))?;
-                resolve_target(&self.discover, &self.cluster_domain, None, Some(SocketAddr::new(ip, port)))
+                resolve_target(
+                    &self.discover,
+                    &self.cluster_domain,
+                    None,
+                    Some(SocketAddr::new(ip, port)),
+                )
             }
             None => resolve_target(&self.discover, &self.cluster_domain, None, None),
         }
@@ -238,13 +243,12 @@ fn classifier_to_proto(c: &core::Classifier) -> api::Classifier {
             .map(|t| classifier::Tag {
                 name: t.name.clone(),
                 kind: match &t.kind {
-                    ClassifierKind::Complexity {
-                        low_threshold,
-                        high_threshold,
-                    } => Some(classifier::tag::Kind::Complexity(classifier::Complexity {
-                        low_threshold: *low_threshold,
-                        high_threshold: *high_threshold,
-                    })),
+                    ClassifierKind::Complexity { thresholds } => {
+                        Some(classifier::tag::Kind::Complexity(classifier::Complexity {
+                            low_threshold: thresholds.map(|t| t.low),
+                            high_threshold: thresholds.map(|t| t.high),
+                        }))
+                    }
                     ClassifierKind::Keywords {
                         values,
                         weight,
@@ -375,9 +379,15 @@ mod tests {
                     ClassifierTag {
                         name: "complexity".into(),
                         kind: ClassifierKind::Complexity {
-                            low_threshold: 0.3,
-                            high_threshold: 0.7,
+                            thresholds: Some(core::ComplexityThresholds {
+                                low: 0.3,
+                                high: 0.7,
+                            }),
                         },
+                    },
+                    ClassifierTag {
+                        name: "calibrated".into(),
+                        kind: ClassifierKind::Complexity { thresholds: None },
                     },
                     ClassifierTag {
                         name: "future".into(),
@@ -417,14 +427,24 @@ mod tests {
             0.5
         );
         let tags = &p.classifiers[0].tags;
-        assert!(matches!(
-            tags[0].kind,
-            Some(classifier::tag::Kind::Complexity(classifier::Complexity { low_threshold, high_threshold }))
-                if low_threshold == 0.3 && high_threshold == 0.7
-        ));
-        assert_eq!(tags[1].name, "future");
         assert_eq!(
-            tags[1].kind, None,
+            tags[0].kind,
+            Some(classifier::tag::Kind::Complexity(classifier::Complexity {
+                low_threshold: Some(0.3),
+                high_threshold: Some(0.7)
+            }))
+        );
+        // Unset thresholds travel as unset, not as 0/0.
+        assert_eq!(
+            tags[1].kind,
+            Some(classifier::tag::Kind::Complexity(classifier::Complexity {
+                low_threshold: None,
+                high_threshold: None
+            }))
+        );
+        assert_eq!(tags[2].name, "future");
+        assert_eq!(
+            tags[2].kind, None,
             "an unsupported kind is sent unset so proxies skip it"
         );
         let b = p.balancer.as_ref().unwrap();

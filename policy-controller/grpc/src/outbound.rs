@@ -188,14 +188,17 @@ fn default_route(policy: &OutboundPolicy, domain: &str) -> api::HttpRoute {
             kind: Some(meta::metadata::Kind::Default("http".into())),
         }),
         hosts: vec![],
-        rules: vec![rule_to_proto(&HttpRouteRule {
-            matches: vec![HttpRouteMatch {
-                path: Some(PathMatch::Prefix("/".into())),
-                ..Default::default()
-            }],
-            backends: vec![WeightedBackend { weight: 1, backend }],
-            request_timeout_ms: None,
-        }, domain)],
+        rules: vec![rule_to_proto(
+            &HttpRouteRule {
+                matches: vec![HttpRouteMatch {
+                    path: Some(PathMatch::Prefix("/".into())),
+                    ..Default::default()
+                }],
+                backends: vec![WeightedBackend { weight: 1, backend }],
+                request_timeout_ms: None,
+            },
+            domain,
+        )],
     }
 }
 

@@ -192,9 +192,7 @@ fn slice_endpoints(
     out
 }
 
-fn endpoint_pod_name(
-    ep: &k8s_openapi::api::discovery::v1::Endpoint,
-) -> Option<&String> {
+fn endpoint_pod_name(ep: &k8s_openapi::api::discovery::v1::Endpoint) -> Option<&String> {
     ep.target_ref
         .as_ref()
         .filter(|r| r.kind.as_deref() == Some("Pod"))

@@ -136,7 +136,12 @@ fn route_pools(route: &HTTPRoute) -> BTreeSet<NsName> {
             b.group.as_deref() == Some(kinference_api::pool::GROUP)
                 && b.kind.as_deref() == Some(kinference_api::pool::KIND)
         })
-        .map(|b| (b.namespace.as_deref().unwrap_or(ns).to_string(), b.name.clone()))
+        .map(|b| {
+            (
+                b.namespace.as_deref().unwrap_or(ns).to_string(),
+                b.name.clone(),
+            )
+        })
         .collect()
 }
 
@@ -467,10 +472,12 @@ impl Index {
                 continue;
             }
             let names_changed_pool = || {
-                affected
-                    .pools_changed
-                    .iter()
-                    .any(|pool| self.store.policies_by_pool.get(pool).is_some_and(|p| p.contains(id)))
+                affected.pools_changed.iter().any(|pool| {
+                    self.store
+                        .policies_by_pool
+                        .get(pool)
+                        .is_some_and(|p| p.contains(id))
+                })
             };
             if affected.policy_namespaces_all
                 || self.policy_errors.contains_key(id)
@@ -549,11 +556,21 @@ impl Index {
             }
         }
         for (t, policy) in selections {
-            select(&mut self.selected_policy, &mut self.targets_by_policy, t, policy);
+            select(
+                &mut self.selected_policy,
+                &mut self.targets_by_policy,
+                t,
+                policy,
+            );
         }
         for t in unwatched.drain(..) {
             self.inference.remove(&t);
-            select(&mut self.selected_policy, &mut self.targets_by_policy, t, None);
+            select(
+                &mut self.selected_policy,
+                &mut self.targets_by_policy,
+                t,
+                None,
+            );
         }
         // Forget errors of policies that no longer exist.
         policy_errors.retain(|id, _| store.policies.contains_key(id));
@@ -600,7 +617,6 @@ impl Index {
             self.service_endpoints.remove(&s);
         }
     }
-
 }
 
 /// Records which policy `target` selected.

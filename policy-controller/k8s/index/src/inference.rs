@@ -80,7 +80,11 @@ fn validate(
     store: &Store,
     id: &NsName,
     resource: &PolicyResource,
-) -> (PolicyValidation, Option<InferencePolicy>, Option<ResourceRef>) {
+) -> (
+    PolicyValidation,
+    Option<InferencePolicy>,
+    Option<ResourceRef>,
+) {
     let ns = &id.0;
     let source = ResourceRef::new(POLICY_GROUP, api::KIND, &id.0, &id.1);
     let in_ns = |k: &NsName| &k.0 == ns;
@@ -367,8 +371,10 @@ fn rule(r: &api::PolicyRule) -> Rule {
 fn tag(t: &kinference_api::classifier::ClassifierTag) -> ClassifierTag {
     let kind = match &t.source {
         TagSource::Complexity(c) => ClassifierKind::Complexity {
-            low_threshold: c.thresholds.low,
-            high_threshold: c.thresholds.high,
+            thresholds: c.thresholds.as_ref().map(|t| core::ComplexityThresholds {
+                low: t.low,
+                high: t.high,
+            }),
         },
         TagSource::Keywords(k) => ClassifierKind::Keywords {
             values: k.values.clone(),

@@ -392,8 +392,10 @@ fn inference_policy_translates_models_aliases_rules_classifier_and_balancer() {
     assert_eq!(
         tags[0].kind,
         ClassifierKind::Complexity {
-            low_threshold: 0.35,
-            high_threshold: 0.7
+            thresholds: Some(kinference_policy_core::inference::ComplexityThresholds {
+                low: 0.35,
+                high: 0.7
+            })
         }
     );
     assert_eq!(
@@ -657,12 +659,21 @@ spec:
     let check = |step: &str| {
         for (i, t) in targets.iter().enumerate() {
             let fresh = index.read().inference_policy(t);
-            assert_eq!(*inference[i].borrow(), fresh, "inference {t:?} after {step}");
+            assert_eq!(
+                *inference[i].borrow(),
+                fresh,
+                "inference {t:?} after {step}"
+            );
             let fresh = index.read().outbound_policy(t);
             assert_eq!(*outbound[i].borrow(), fresh, "outbound {t:?} after {step}");
         }
     };
-    let served = |i: usize| inference[i].borrow().policy().map(|p| p.source.name.clone());
+    let served = |i: usize| {
+        inference[i]
+            .borrow()
+            .policy()
+            .map(|p| p.source.name.clone())
+    };
     check("start");
     assert_eq!(served(0).as_deref(), Some("llm"));
     assert_eq!(served(1), None);
@@ -864,7 +875,9 @@ fn policy_validations_cover_every_policy_selected_or_not() {
         &mut index.write(),
         "apiVersion: v1\nkind: Service\nmetadata: {name: nowhere}\nspec: {ports: [{port: 80}]}\n",
     );
-    let _rx = index.watch_inference_policy(&target("nowhere", 80)).unwrap();
+    let _rx = index
+        .watch_inference_policy(&target("nowhere", 80))
+        .unwrap();
     assert_eq!(
         index.read().policy_errors()[&(NS.to_string(), "orphan".to_string())],
         bad.message(NS).unwrap()
@@ -880,5 +893,26 @@ fn policy_validations_cover_every_policy_selected_or_not() {
     assert!(ok.policy.is_none());
     let (name, errors) = ok.classifier.as_ref().expect("classifier errors");
     assert_eq!(name, "llm");
-    assert!(errors.has_field("spec.tags[2].regex.patterns[0]"), "{errors}");
+    assert!(
+        errors.has_field("spec.tags[2].regex.patterns[0]"),
+        "{errors}"
+    );
+}
+
+#[test]
+fn complexity_thresholds_left_out_are_served_unset() {
+    let index = scenario();
+    apply_yaml(
+        &mut index.write(),
+        &CLASSIFIER.replace(
+            "complexity: {thresholds: {low: 0.35, high: 0.7}}",
+            "complexity: {}",
+        ),
+    );
+    let state = index.read().inference_policy(&target("llm", 8000));
+    let p = state.policy().expect("served");
+    assert_eq!(
+        p.classifiers[0].tags[0].kind,
+        ClassifierKind::Complexity { thresholds: None }
+    );
 }

@@ -1,8 +1,8 @@
 //! Objects as the API server holds them, a controller started against the double, and
 //! a clock tests move by hand.
 
-use kinference_k8s_api_double::ApiServer;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kinference_k8s_api_double::ApiServer;
 use kinference_policy_core::{DiscoverInferencePolicy, InferencePolicyState, ParentTarget};
 use kinference_policy_k8s_index::{Index, SharedIndex};
 use kinference_policy_k8s_watch::{Backoff, Clock, Config, LeaseConfig};

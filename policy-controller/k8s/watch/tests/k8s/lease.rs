@@ -1,8 +1,8 @@
 //! The Lease elector, one step at a time, against the API server double.
 
 use crate::fixtures::*;
-use kinference_k8s_api_double::ApiServer;
 use http::Method;
+use kinference_k8s_api_double::ApiServer;
 use kinference_policy_k8s_watch::{LeaseConfig, LeaseElector};
 use std::time::Duration;
 

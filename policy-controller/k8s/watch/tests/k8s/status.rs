@@ -2,9 +2,9 @@
 //! and routes, and only by the leader.
 
 use crate::fixtures::*;
-use kinference_k8s_api_double::{ApiServer, Recorded};
 use http::Method;
 use kinference_api::{InferencePolicy, InferencePool};
+use kinference_k8s_api_double::{ApiServer, Recorded};
 use kinference_policy_k8s_watch::CONTROLLER_NAME;
 use serde_json::{Value, json};
 use std::time::Duration;

@@ -1,0 +1,244 @@
+//! `kinfctl viz stat|top|tap` against a running local system: `kinference-viz local` (which runs
+//! kinference-local, a real Prometheus and viz) as a child process, real requests through the
+//! proxy, and the CLI's printed tables compared with the requests the test got answered.
+//!
+//! Without Prometheus the test prints a skip notice, and fails when `CI` is set.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn target_debug() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"))
+        .join("debug")
+}
+
+/// kinference-viz local, stopped with SIGINT (so it stops kinference-local's children) on drop.
+struct VizLocal {
+    child: Child,
+}
+
+impl Drop for VizLocal {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+}
+
+fn kinfctl(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kinfctl"))
+        .args(args)
+        .output()
+        .expect("kinfctl runs");
+    assert!(
+        out.status.success(),
+        "kinfctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The table's rows as column -> cell.
+fn parse_table(text: &str) -> Vec<BTreeMap<String, String>> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let head: Vec<String> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    lines
+        .map(|l| {
+            head.iter()
+                .cloned()
+                .zip(l.split_whitespace().map(str::to_string))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn stat_top_and_tap_show_the_local_systems_traffic() {
+    if !Path::new("/usr/bin/prometheus").exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set and /usr/bin/prometheus is missing: apt-get install -y prometheus"
+        );
+        eprintln!("SKIPPED: /usr/bin/prometheus is missing (apt-get install -y prometheus)");
+        return;
+    }
+    let viz_bin = target_debug().join("kinference-viz");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .current_dir(workspace())
+        .args(["build", "-p", "kinference-viz", "--bin", "kinference-viz"])
+        .status()
+        .expect("cargo build");
+    assert!(status.success() && viz_bin.exists());
+
+    let mut child = Command::new(&viz_bin)
+        .args(["local", "--listen-addr", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kinference-viz local starts");
+    let stdout = child.stdout.take().unwrap();
+    let _viz = VizLocal { child };
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // kinference-local builds its binaries first (a no-op when they are current).
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let banner = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx.recv_timeout(left).expect("kinference-viz local prints its URLs");
+        if line.starts_with("kinference-viz dashboard=") {
+            break line;
+        }
+    };
+    let viz = field(&banner, "dashboard=").trim_end_matches('/').to_string();
+    let openai = field(&banner, "openai=").to_string();
+    let admin = field(&banner, "admin=").to_string();
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let send = |n: usize| {
+        let client = client.clone();
+        let openai = openai.clone();
+        async move {
+            let mut ids = Vec::new();
+            let mut endpoints: BTreeMap<String, u64> = BTreeMap::new();
+            for i in 0..n {
+                let content = if i % 2 == 0 {
+                    "Hi! What is 2+2?"
+                } else {
+                    "Prove rigorously that every compact self-adjoint operator on a Hilbert space has an orthonormal eigenbasis."
+                };
+                let rsp = client
+                    .post(format!("{openai}/chat/completions"))
+                    .json(&serde_json::json!({
+                        "model": "glm-5.3", "stream": true, "max_tokens": 8,
+                        "messages": [{"role": "user", "content": content}],
+                    }))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(rsp.status(), 200);
+                let h = |k: &str| rsp.headers()[k].to_str().unwrap().to_string();
+                ids.push(h("x-request-id"));
+                *endpoints.entry(h("x-kinference-endpoint")).or_default() += 1;
+                rsp.text().await.unwrap();
+            }
+            (ids, endpoints)
+        }
+    };
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let ok = client
+                .get(format!("{admin}/ready"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200);
+            if ok {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the proxy never became ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let (_, endpoints) = rt.block_on(send(12));
+
+    // The models of the endpoints that answered, from viz's endpoints view.
+    let by_endpoint = parse_table(&kinfctl(&["viz", "--viz-url", &viz, "stat", "--by", "endpoint"]));
+    let model_of: BTreeMap<String, String> = by_endpoint
+        .iter()
+        .map(|r| (r["ENDPOINT"].clone(), r["MODEL"].clone()))
+        .collect();
+    assert_eq!(model_of.len(), 4, "{by_endpoint:?}");
+    let mut want: BTreeMap<String, u64> = BTreeMap::new();
+    for (e, n) in &endpoints {
+        *want.entry(model_of[e].clone()).or_default() += n;
+    }
+
+    // stat: once Prometheus has scraped (1 s), REQUESTS per served model equals what was answered.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let rows = loop {
+        let rows = parse_table(&kinfctl(&["viz", "--viz-url", &viz, "stat", "--by", "tenant,model", "--window", "5m"]));
+        let got: BTreeMap<String, u64> = rows
+            .iter()
+            .map(|r| (r["SERVED_MODEL"].clone(), r["REQUESTS"].parse().unwrap_or(0)))
+            .collect();
+        if got == want {
+            break rows;
+        }
+        assert!(Instant::now() < deadline, "stat shows {got:?}, answered {want:?}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    for r in &rows {
+        assert_eq!(r["TENANT"], "default/app");
+        assert_eq!(r["SUCCESS"], "100.00%", "{r:?}");
+        assert!(r["COST_USD"].parse::<f64>().unwrap() > 0.0, "{r:?}");
+    }
+
+    // top: the classes and routes of those requests.
+    let top = kinfctl(&["viz", "--viz-url", &viz, "top"]);
+    assert!(top.contains("complexity="), "{top}");
+    for e in endpoints.keys() {
+        assert!(top.contains(e.as_str()), "{e} missing from\n{top}");
+    }
+
+    // tap: start it, then send two requests; it prints exactly those.
+    let tap = Command::new(env!("CARGO_BIN_EXE_kinfctl"))
+        .args(["viz", "--viz-url", &viz, "tap", "--max", "2", "--duration-s", "30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2)); // tap has read the records already held
+    let (ids, _) = rt.block_on(send(2));
+    let out = tap.wait_with_output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for (line, id) in lines.iter().zip(&ids) {
+        assert!(line.contains(&format!("id={id} ")), "{line} (want {id})");
+        assert!(line.contains("tenant=default/app"), "{line}");
+    }
+}
