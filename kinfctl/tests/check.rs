@@ -334,6 +334,7 @@ async fn an_unreachable_api_stops_the_check() {
         lines[0].starts_with("× cannot reach the Kubernetes API: "),
         "{lines:#?}"
     );
+    assert_eq!(lines[2], "Status check results are ×");
 }
 
 #[tokio::test]
