@@ -184,7 +184,26 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
-    let (_, endpoints) = rt.block_on(send(12));
+    // Two batches, the second after Prometheus has scraped the first: windowed figures
+    // (rates, increases) need two samples of a series.
+    let (_, mut endpoints) = rt.block_on(send(6));
+    let stat_rows = || {
+        parse_table(&kinfctl(&[
+            "viz", "--viz-url", &viz, "stat", "--by", "tenant,model", "--window", "5m",
+        ]))
+    };
+    let total = |rows: &[BTreeMap<String, String>]| -> u64 {
+        rows.iter().map(|r| r["REQUESTS"].parse::<u64>().unwrap_or(0)).sum()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while total(&stat_rows()) != 6 {
+        assert!(Instant::now() < deadline, "stat never showed the first 6 requests");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (_, more) = rt.block_on(send(6));
+    for (e, n) in more {
+        *endpoints.entry(e).or_default() += n;
+    }
 
     // The models of the endpoints that answered, from viz's endpoints view.
     let by_endpoint = parse_table(&kinfctl(&["viz", "--viz-url", &viz, "stat", "--by", "endpoint"]));
@@ -198,18 +217,19 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
         *want.entry(model_of[e].clone()).or_default() += n;
     }
 
-    // stat: once Prometheus has scraped (1 s), REQUESTS per served model equals what was answered.
+    // stat: once Prometheus has scraped (1 s), REQUESTS per served model equals what was
+    // answered, and every row has its windowed figures.
     let deadline = Instant::now() + Duration::from_secs(20);
     let rows = loop {
-        let rows = parse_table(&kinfctl(&["viz", "--viz-url", &viz, "stat", "--by", "tenant,model", "--window", "5m"]));
+        let rows = stat_rows();
         let got: BTreeMap<String, u64> = rows
             .iter()
             .map(|r| (r["SERVED_MODEL"].clone(), r["REQUESTS"].parse().unwrap_or(0)))
             .collect();
-        if got == want {
+        if got == want && rows.iter().all(|r| r["RPS"] != "-" && r["TTFT_P50"] != "-") {
             break rows;
         }
-        assert!(Instant::now() < deadline, "stat shows {got:?}, answered {want:?}");
+        assert!(Instant::now() < deadline, "stat shows {rows:?}, answered {want:?}");
         std::thread::sleep(Duration::from_millis(300));
     };
     for r in &rows {
