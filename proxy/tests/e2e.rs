@@ -22,6 +22,7 @@ const HI: &str = "Hi! What is 2+2?";
 /// Low-complexity prompts: the first the running classifier tags complexity=low (confidence >= 0.5)
 /// is used, so the tests follow the classifier's model as it is retrained.
 const LOW_CANDIDATES: &[&str] = &[
+    "Translate 'good morning' into Spanish.",
     "Hi! What is 2+2?",
     "What is the capital of France?",
     "Say hello.",
@@ -292,6 +293,40 @@ fn opts(time_scale: f64) -> StackOptions {
 
 fn no_patch(_: &mut serde_yaml::Value) {}
 
+/// Pins the complexity thresholds (and drops the rule's confidence floor) so that the routing
+/// test below depends on the policy's mechanics, not on where the trained model's calibrated
+/// thresholds happen to fall for short chat prompts: with them, the model scores short
+/// everyday prompts around 0.07-0.10, right at its calibrated `low` cut (about 0.076).
+fn pinned_thresholds(doc: &mut serde_yaml::Value) {
+    use serde_yaml::Value as Y;
+    match doc["kind"].as_str() {
+        Some("InferenceClassifier") => {
+            if let Some(tags) = doc["spec"]["tags"].as_sequence_mut() {
+                for tag in tags.iter_mut().filter(|t| t["name"] == "complexity") {
+                    let mut thresholds = serde_yaml::Mapping::new();
+                    thresholds.insert(Y::from("low"), Y::from(0.09));
+                    thresholds.insert(Y::from("high"), Y::from(0.2));
+                    let mut complexity = serde_yaml::Mapping::new();
+                    complexity.insert(Y::from("thresholds"), Y::Mapping(thresholds));
+                    tag["complexity"] = Y::Mapping(complexity);
+                }
+            }
+        }
+        Some("InferencePolicy") => {
+            if let Some(rules) = doc["spec"]["rules"].as_sequence_mut() {
+                for rule in rules {
+                    if let Some(tags) = rule["match"]["tags"].as_sequence_mut() {
+                        for tag in tags {
+                            tag["minConfidence"] = Y::from(0.0);
+                        }
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_requests_stream_non_stream_and_every_error() {
     let env = start(
@@ -475,7 +510,7 @@ async fn openai_requests_stream_non_stream_and_every_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn low_complexity_goes_to_qwen_when_faster_high_complexity_never() {
-    let env = start(opts(5.0), no_patch).await;
+    let env = start(opts(5.0), pinned_thresholds).await;
     // Prompts the running classifier and the example policy treat as low and high complexity.
     let (low, high) = (env.low().await, env.high().await);
     for (prompt, models) in [
