@@ -11,7 +11,12 @@ use std::{collections::HashSet, fmt::Write as _, time::Duration};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// kinference-viz's base URL.
-    #[arg(long, global = true, env = "KINFCTL_VIZ_URL", default_value = "http://127.0.0.1:8084")]
+    #[arg(
+        long,
+        global = true,
+        env = "KINFCTL_VIZ_URL",
+        default_value = "http://127.0.0.1:8084"
+    )]
     viz_url: String,
     #[command(subcommand)]
     command: Command,
@@ -80,7 +85,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 tenant,
                 model,
             } => {
-                let q = format!("limit={limit}&tenant={}&model={}", enc(&tenant), enc(&model));
+                let q = format!(
+                    "limit={limit}&tenant={}&model={}",
+                    enc(&tenant),
+                    enc(&model)
+                );
                 let v = get(&client, &base, "/api/top", &q).await?;
                 print!("{}", top_table(&v));
                 Ok(())
@@ -119,15 +128,18 @@ fn enc(s: &str) -> String {
 
 async fn get(client: &reqwest::Client, base: &str, path: &str, q: &str) -> anyhow::Result<Value> {
     let url = format!("{base}{path}?{q}");
-    let rsp = client
-        .get(&url)
-        .send()
-        .await
-        .with_context(|| format!("cannot reach kinference-viz at {base} (is it running? see --viz-url)"))?;
+    let rsp = client.get(&url).send().await.with_context(|| {
+        format!("cannot reach kinference-viz at {base} (is it running? see --viz-url)")
+    })?;
     let status = rsp.status();
     let v: Value = rsp.json().await.with_context(|| format!("reading {url}"))?;
     if !status.is_success() {
-        bail!("{}", v["error"].as_str().unwrap_or("kinference-viz refused the request"));
+        bail!(
+            "{}",
+            v["error"]
+                .as_str()
+                .unwrap_or("kinference-viz refused the request")
+        );
     }
     for e in v["errors"].as_array().into_iter().flatten() {
         eprintln!("warning: {}", e.as_str().unwrap_or_default());
@@ -174,7 +186,8 @@ fn num(v: &Value, digits: usize) -> String {
 }
 
 fn pct(v: &Value) -> String {
-    v.as_f64().map_or("-".into(), |x| format!("{:.2}%", x * 100.0))
+    v.as_f64()
+        .map_or("-".into(), |x| format!("{:.2}%", x * 100.0))
 }
 
 async fn stat(
@@ -185,7 +198,13 @@ async fn stat(
     output: &str,
 ) -> anyhow::Result<String> {
     if by.trim() == "endpoint" {
-        let v = get(client, base, "/api/endpoints", &format!("window={}", enc(window))).await?;
+        let v = get(
+            client,
+            base,
+            "/api/endpoints",
+            &format!("window={}", enc(window)),
+        )
+        .await?;
         if output == "json" {
             return Ok(format!("{}\n", serde_json::to_string_pretty(&v)?));
         }
@@ -210,8 +229,16 @@ async fn stat(
             .collect();
         return Ok(table(
             &[
-                "ENDPOINT", "MODEL", "WAITING", "RUNNING", "KV_CACHE", "CACHE_HIT", "DECISIONS",
-                "PREDICTED_TTFT", "OBSERVED_TTFT", "SIGNAL_AGE",
+                "ENDPOINT",
+                "MODEL",
+                "WAITING",
+                "RUNNING",
+                "KV_CACHE",
+                "CACHE_HIT",
+                "DECISIONS",
+                "PREDICTED_TTFT",
+                "OBSERVED_TTFT",
+                "SIGNAL_AGE",
             ],
             &rows,
         ));
@@ -235,8 +262,18 @@ async fn stat(
     let mut head: Vec<String> = labels.iter().map(|l| l.to_uppercase()).collect();
     head.extend(
         [
-            "REQUESTS", "RPS", "SUCCESS", "TTFT_P50", "TTFT_P95", "TTFT_P99", "ITL_P50", "E2E_P95",
-            "PROMPT_TOK", "CACHED_TOK", "COMPL_TOK", "COST_USD",
+            "REQUESTS",
+            "RPS",
+            "SUCCESS",
+            "TTFT_P50",
+            "TTFT_P95",
+            "TTFT_P99",
+            "ITL_P50",
+            "E2E_P95",
+            "PROMPT_TOK",
+            "CACHED_TOK",
+            "COMPL_TOK",
+            "COST_USD",
         ]
         .map(str::to_string),
     );
@@ -310,7 +347,10 @@ fn top_table(v: &Value) -> String {
             &["CLASS", "REQUESTS", "SHARE", "MOVED", "PREDICTED_TTFT"],
             &classes
         ),
-        table(&["TENANT", "ROUTE", "ENDPOINT", "REQUESTS", "SHARE"], &routes)
+        table(
+            &["TENANT", "ROUTE", "ENDPOINT", "REQUESTS", "SHARE"],
+            &routes
+        )
     )
 }
 
@@ -355,7 +395,8 @@ async fn tap(
     for r in first["records"].as_array().into_iter().flatten() {
         seen.insert(r["request_id"].as_str().unwrap_or_default().to_string());
     }
-    let deadline = (duration_s > 0).then(|| tokio::time::Instant::now() + Duration::from_secs(duration_s));
+    let deadline =
+        (duration_s > 0).then(|| tokio::time::Instant::now() + Duration::from_secs(duration_s));
     let mut printed = 0;
     let mut stdout = std::io::stdout();
     loop {

@@ -122,12 +122,16 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
     let deadline = Instant::now() + Duration::from_secs(300);
     let banner = loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let line = rx.recv_timeout(left).expect("kinference-viz local prints its URLs");
+        let line = rx
+            .recv_timeout(left)
+            .expect("kinference-viz local prints its URLs");
         if line.starts_with("kinference-viz dashboard=") {
             break line;
         }
     };
-    let viz = field(&banner, "dashboard=").trim_end_matches('/').to_string();
+    let viz = field(&banner, "dashboard=")
+        .trim_end_matches('/')
+        .to_string();
     let openai = field(&banner, "openai=").to_string();
     let admin = field(&banner, "admin=").to_string();
 
@@ -155,6 +159,7 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
                     .post(format!("{openai}/chat/completions"))
                     .json(&serde_json::json!({
                         "model": "glm-5.3", "stream": true, "max_tokens": 8,
+                        "stream_options": {"include_usage": true},
                         "messages": [{"role": "user", "content": content}],
                     }))
                     .send()
@@ -189,15 +194,27 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
     let (_, mut endpoints) = rt.block_on(send(6));
     let stat_rows = || {
         parse_table(&kinfctl(&[
-            "viz", "--viz-url", &viz, "stat", "--by", "tenant,model", "--window", "5m",
+            "viz",
+            "--viz-url",
+            &viz,
+            "stat",
+            "--by",
+            "tenant,model",
+            "--window",
+            "5m",
         ]))
     };
     let total = |rows: &[BTreeMap<String, String>]| -> u64 {
-        rows.iter().map(|r| r["REQUESTS"].parse::<u64>().unwrap_or(0)).sum()
+        rows.iter()
+            .map(|r| r["REQUESTS"].parse::<u64>().unwrap_or(0))
+            .sum()
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     while total(&stat_rows()) != 6 {
-        assert!(Instant::now() < deadline, "stat never showed the first 6 requests");
+        assert!(
+            Instant::now() < deadline,
+            "stat never showed the first 6 requests"
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
     let (_, more) = rt.block_on(send(6));
@@ -206,7 +223,14 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
     }
 
     // The models of the endpoints that answered, from viz's endpoints view.
-    let by_endpoint = parse_table(&kinfctl(&["viz", "--viz-url", &viz, "stat", "--by", "endpoint"]));
+    let by_endpoint = parse_table(&kinfctl(&[
+        "viz",
+        "--viz-url",
+        &viz,
+        "stat",
+        "--by",
+        "endpoint",
+    ]));
     let model_of: BTreeMap<String, String> = by_endpoint
         .iter()
         .map(|r| (r["ENDPOINT"].clone(), r["MODEL"].clone()))
@@ -224,12 +248,26 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
         let rows = stat_rows();
         let got: BTreeMap<String, u64> = rows
             .iter()
-            .map(|r| (r["SERVED_MODEL"].clone(), r["REQUESTS"].parse().unwrap_or(0)))
+            .map(|r| {
+                (
+                    r["SERVED_MODEL"].clone(),
+                    r["REQUESTS"].parse().unwrap_or(0),
+                )
+            })
             .collect();
-        if got == want && rows.iter().all(|r| r["RPS"] != "-" && r["TTFT_P50"] != "-") {
+        if got == want
+            && rows.iter().all(|r| {
+                ["RPS", "TTFT_P50", "COST_USD", "SUCCESS"]
+                    .iter()
+                    .all(|k| r[*k] != "-")
+            })
+        {
             break rows;
         }
-        assert!(Instant::now() < deadline, "stat shows {rows:?}, answered {want:?}");
+        assert!(
+            Instant::now() < deadline,
+            "stat shows {rows:?}, answered {want:?}"
+        );
         std::thread::sleep(Duration::from_millis(300));
     };
     for r in &rows {
@@ -247,7 +285,16 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
 
     // tap: start it, then send two requests; it prints exactly those.
     let tap = Command::new(env!("CARGO_BIN_EXE_kinfctl"))
-        .args(["viz", "--viz-url", &viz, "tap", "--max", "2", "--duration-s", "30"])
+        .args([
+            "viz",
+            "--viz-url",
+            &viz,
+            "tap",
+            "--max",
+            "2",
+            "--duration-s",
+            "30",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();

@@ -63,8 +63,12 @@ impl State {
         let mut urls = self.proxies.clone();
         let mut errors = Vec::new();
         if let Some(job) = &self.proxy_job {
-            let job = job.replace('\\', "").replace('"', "");
-            match self.prometheus.query(&format!("up{{job=\"{job}\"}} == 1")).await {
+            let job = job.replace(['\\', '"'], "");
+            match self
+                .prometheus
+                .query(&format!("up{{job=\"{job}\"}} == 1"))
+                .await
+            {
                 Ok(samples) => urls.extend(
                     samples
                         .iter()
@@ -163,8 +167,9 @@ impl State {
         let mut totals: BTreeMap<(String, String), f64> = BTreeMap::new();
         for s in &samples {
             let l = |k: &str| s.labels.get(k).cloned().unwrap_or_default();
-            *totals.entry((l("tenant"), l("requested_model"))).or_default() +=
-                s.value.unwrap_or(0.0);
+            *totals
+                .entry((l("tenant"), l("requested_model")))
+                .or_default() += s.value.unwrap_or(0.0);
         }
         let mut flows: Vec<Value> = samples
             .iter()
@@ -184,7 +189,10 @@ impl State {
             let k = |v: &Value| {
                 (
                     v["tenant"].as_str().unwrap_or_default().to_string(),
-                    v["requested_model"].as_str().unwrap_or_default().to_string(),
+                    v["requested_model"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
                     v["served_model"].as_str().unwrap_or_default().to_string(),
                 )
             };

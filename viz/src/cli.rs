@@ -16,7 +16,11 @@ use std::{
 };
 
 #[derive(Debug, Parser)]
-#[command(name = "kinference-viz", version, about = "Kinference's metrics API and dashboard")]
+#[command(
+    name = "kinference-viz",
+    version,
+    about = "Kinference's metrics API and dashboard"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,13 +36,21 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct ServeArgs {
-    #[arg(long, env = "KINFERENCE_VIZ_LISTEN_ADDR", default_value = "0.0.0.0:8084")]
+    #[arg(
+        long,
+        env = "KINFERENCE_VIZ_LISTEN_ADDR",
+        default_value = "0.0.0.0:8084"
+    )]
     listen_addr: SocketAddr,
     /// Prometheus' base URL.
     #[arg(long, env = "KINFERENCE_VIZ_PROMETHEUS_URL")]
     prometheus_url: String,
     /// A proxy's admin base URL (`http://10.0.0.5:4191`); repeat or separate with commas.
-    #[arg(long = "proxy-admin", env = "KINFERENCE_VIZ_PROXY_ADMIN", value_delimiter = ',')]
+    #[arg(
+        long = "proxy-admin",
+        env = "KINFERENCE_VIZ_PROXY_ADMIN",
+        value_delimiter = ','
+    )]
     proxy_admin: Vec<String>,
     /// Also read the decision records of every healthy target of this Prometheus job (the
     /// proxies' admin ports, as the chart's Prometheus scrapes them).
@@ -140,7 +152,14 @@ fn start_local(args: &LocalArgs) -> anyhow::Result<(std::process::Child, LocalUr
             let mut c = std::process::Command::new(
                 std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()),
             );
-            c.args(["run", "-p", "kinference-proxy", "--bin", "kinference-local", "--"]);
+            c.args([
+                "run",
+                "-p",
+                "kinference-proxy",
+                "--bin",
+                "kinference-local",
+                "--",
+            ]);
             c
         }
     };
@@ -148,7 +167,10 @@ fn start_local(args: &LocalArgs) -> anyhow::Result<(std::process::Child, LocalUr
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
     let mut child = cmd.spawn().context("starting kinference-local")?;
-    let stdout = child.stdout.take().context("kinference-local has no stdout")?;
+    let stdout = child
+        .stdout
+        .take()
+        .context("kinference-local has no stdout")?;
     let mut urls = LocalUrls::default();
     let mut lines = BufReader::new(stdout).lines();
     for line in lines.by_ref() {
@@ -200,7 +222,9 @@ async fn run_local(args: LocalArgs) -> anyhow::Result<()> {
         proxies: vec![urls.proxy_admin.clone()],
         proxy_job: None,
         policies: policies::Source::Manifests(
-            args.manifests.clone().unwrap_or_else(local::default_manifests),
+            args.manifests
+                .clone()
+                .unwrap_or_else(local::default_manifests),
         ),
         http: http_client(),
     };
@@ -210,8 +234,10 @@ async fn run_local(args: LocalArgs) -> anyhow::Result<()> {
     println!("  Prometheus:       {}", prometheus.url);
     println!("  OpenAI base URL:  {}", urls.openai_base);
     println!("  proxy admin:      {}", urls.proxy_admin);
-    println!("kinference-viz dashboard=http://{viz_addr}/ prometheus={} openai={} admin={}",
-        prometheus.url, urls.openai_base, urls.proxy_admin);
+    println!(
+        "kinference-viz dashboard=http://{viz_addr}/ prometheus={} openai={} admin={}",
+        prometheus.url, urls.openai_base, urls.proxy_admin
+    );
     println!("Press Ctrl-C to stop.");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

@@ -155,7 +155,7 @@ impl Filter {
                 || d.served_model == self.model)
             && (self.endpoint.is_empty()
                 || d.endpoint == self.endpoint
-                || d.attempts.iter().any(|a| *a == self.endpoint))
+                || d.attempts.contains(&self.endpoint))
             && (self.reason.is_empty() || d.reason == self.reason)
             && (self.request_id.is_empty() || d.request_id == self.request_id)
     }
@@ -304,7 +304,11 @@ pub fn top(summaries: &[Summary], limit: usize) -> Top {
             },
         )
         .collect();
-    routes.sort_by(|a, b| b.requests.cmp(&a.requests).then(a.endpoint.cmp(&b.endpoint)));
+    routes.sort_by(|a, b| {
+        b.requests
+            .cmp(&a.requests)
+            .then(a.endpoint.cmp(&b.endpoint))
+    });
     routes.truncate(limit);
     Top {
         records: n,
@@ -332,9 +336,7 @@ pub fn rule_shares(summaries: &[Summary]) -> Vec<RuleShare> {
     let mut totals: BTreeMap<(&str, &str), usize> = BTreeMap::new();
     let mut moved: BTreeMap<(&str, &str, &str, &str), usize> = BTreeMap::new();
     for d in summaries {
-        *totals
-            .entry((&d.tenant, &d.requested_model))
-            .or_default() += 1;
+        *totals.entry((&d.tenant, &d.requested_model)).or_default() += 1;
         if d.served_model.is_empty() || d.served_model == d.requested_model {
             continue;
         }
@@ -401,7 +403,10 @@ mod tests {
         assert_eq!(d.rules, vec!["low-complexity-may-use-qwen"]);
         // No attempts yet: the chosen candidate.
         let d = summarize("http://p", &record("b", 1, 1, &[], "low"));
-        assert_eq!((d.endpoint.as_str(), d.served_model.as_str()), ("10.0.0.2:8000", "qwen-3.6-27b"));
+        assert_eq!(
+            (d.endpoint.as_str(), d.served_model.as_str()),
+            ("10.0.0.2:8000", "qwen-3.6-27b")
+        );
     }
 
     #[test]

@@ -83,7 +83,10 @@ impl PrometheusProc {
         let port = free_port()?;
         let mut cmd = Command::new(bin);
         cmd.arg(format!("--config.file={}", config_path.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .arg("--storage.tsdb.retention.time=1d")
             .arg("--log.level=warn")
@@ -138,10 +141,10 @@ impl LocalUrls {
             self.openai_base = u.trim().to_string();
         } else if let Some(u) = line.strip_prefix("metrics:") {
             self.proxy_admin = u.trim().trim_end_matches("/metrics").to_string();
-        } else if line.contains(" replica:") {
-            if let Some(u) = line.rsplit("http://").next().filter(|_| line.contains("http://")) {
-                self.replicas.push(u.trim().to_string());
-            }
+        } else if line.contains(" replica:")
+            && let Some((_, u)) = line.rsplit_once("http://")
+        {
+            self.replicas.push(u.trim().to_string());
         }
     }
 }

@@ -47,7 +47,7 @@ pub enum Error {
     Kube {
         kind: &'static str,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 }
 
@@ -110,7 +110,10 @@ fn entry(kind: &'static str, v: &Value, conditions: Vec<Value>) -> Entry {
             .as_str()
             .unwrap_or_default()
             .to_string(),
-        name: v["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+        name: v["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
         target,
         models: names(spec, "models"),
         aliases: spec["aliases"]
@@ -200,8 +203,8 @@ pub fn from_manifests(dir: &Path) -> Result<Policies, Error> {
             if value.is_null() {
                 continue;
             }
-            if let Some(res) = Resource::from_yaml(value, "default")
-                .map_err(|e| manifest(e.to_string()))?
+            if let Some(res) =
+                Resource::from_yaml(value, "default").map_err(|e| manifest(e.to_string()))?
             {
                 objects.insert(res.key(), res);
             }
@@ -259,14 +262,14 @@ async fn from_cluster(client: &kube::Client) -> Result<Policies, Error> {
         .await
         .map_err(|source| Error::Kube {
             kind: "InferencePolicies",
-            source,
+            source: Box::new(source),
         })?;
     let classifiers = kube::Api::<InferenceClassifier>::all(client.clone())
         .list(&lp)
         .await
         .map_err(|source| Error::Kube {
             kind: "InferenceClassifiers",
-            source,
+            source: Box::new(source),
         })?;
     let mut out = Policies {
         source: "Kubernetes API".into(),
@@ -301,7 +304,10 @@ mod tests {
         let p = from_manifests(&examples()).unwrap();
         assert_eq!(p.policies.len(), 1);
         let llm = &p.policies[0];
-        assert_eq!((llm.namespace.as_str(), llm.name.as_str()), ("default", "llm"));
+        assert_eq!(
+            (llm.namespace.as_str(), llm.name.as_str()),
+            ("default", "llm")
+        );
         assert_eq!(llm.target.as_deref(), Some("HTTPRoute/llm"));
         assert_eq!(llm.models, vec!["glm-5.3", "qwen-3.6-27b"]);
         assert_eq!(llm.aliases, vec!["default -> glm-5.3"]);
@@ -312,16 +318,29 @@ mod tests {
                 .find(|c| c["type"] == t)
                 .map(|c| c["status"].as_str().unwrap_or_default().to_string())
         };
-        assert_eq!(status("Accepted").as_deref(), Some("True"), "{:?}", llm.conditions);
+        assert_eq!(
+            status("Accepted").as_deref(),
+            Some("True"),
+            "{:?}",
+            llm.conditions
+        );
         assert_eq!(status("ResolvedRefs").as_deref(), Some("True"));
         assert_eq!(p.classifiers.len(), 1);
-        assert_eq!(p.classifiers[0].tags, vec!["complexity", "translation", "code"]);
+        assert_eq!(
+            p.classifiers[0].tags,
+            vec!["complexity", "translation", "code"]
+        );
     }
 
     #[test]
     fn a_missing_pool_shows_as_a_false_condition() {
         let dir = tempfile::tempdir().unwrap();
-        for f in ["policy.yaml", "classifier.yaml", "httproute.yaml", "service.yaml"] {
+        for f in [
+            "policy.yaml",
+            "classifier.yaml",
+            "httproute.yaml",
+            "service.yaml",
+        ] {
             std::fs::copy(examples().join(f), dir.path().join(f)).unwrap();
         }
         // No inferencepools.yaml: the policy's poolRefs do not resolve.

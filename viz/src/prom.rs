@@ -128,9 +128,7 @@ impl Prometheus {
                 error: answer.error.unwrap_or_default(),
             });
         }
-        let data = answer
-            .data
-            .ok_or_else(|| Error::Decode("no data".into()))?;
+        let data = answer.data.ok_or_else(|| Error::Decode("no data".into()))?;
         match data.result_type.as_str() {
             "vector" => {
                 let samples: Vec<VectorSample> = serde_json::from_value(data.result)

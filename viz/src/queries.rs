@@ -15,7 +15,9 @@ pub struct Window(String);
 pub enum Error {
     #[error("window {0:?} is not a duration such as 30s, 1m, 1h or 1d")]
     Window(String),
-    #[error("cannot group by {0:?}: use tenant, requested_model, model (the served model), pool or service_class")]
+    #[error(
+        "cannot group by {0:?}: use tenant, requested_model, model (the served model), pool or service_class"
+    )]
     GroupBy(String),
 }
 
@@ -250,7 +252,13 @@ impl EndpointFigure {
 /// Every query viz can run, with the widest grouping, for the metric-name test.
 pub fn all() -> Vec<String> {
     let w = Window::default();
-    let by = ["tenant", "requested_model", "served_model", "pool", "service_class"];
+    let by = [
+        "tenant",
+        "requested_model",
+        "served_model",
+        "pool",
+        "service_class",
+    ];
     let mut out: Vec<String> = StatFigure::ALL.iter().map(|f| f.promql(&by, &w)).collect();
     out.push(flows(&w));
     out.extend(EndpointFigure::ALL.iter().map(|f| f.promql(&w)));

@@ -107,15 +107,13 @@ pub fn decode_component(s: &str) -> String {
     while i < bytes.len() {
         match bytes[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push(h * 16 + l);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h * 16 + l);
+                    i += 2;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             b => out.push(b),
         }
         i += 1;
@@ -165,7 +163,10 @@ pub async fn handle(
                 respond(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "text/plain",
-                    format!("not ready: Prometheus at {} is not ready\n", state.prometheus.base_url()),
+                    format!(
+                        "not ready: Prometheus at {} is not ready\n",
+                        state.prometheus.base_url()
+                    ),
                 )
             };
         }
@@ -235,7 +236,9 @@ mod tests {
 
     #[test]
     fn queries_are_decoded() {
-        let q = parse_query(Some("tenant=team-a%2Fchat&model=glm-5.3&by=tenant,model&x=a+b&bad=%zz&e"));
+        let q = parse_query(Some(
+            "tenant=team-a%2Fchat&model=glm-5.3&by=tenant,model&x=a+b&bad=%zz&e",
+        ));
         assert_eq!(q["tenant"], "team-a/chat");
         assert_eq!(q["model"], "glm-5.3");
         assert_eq!(q["by"], "tenant,model");

@@ -39,15 +39,19 @@ async fn dashboard_agrees_with_prometheus_under_load() {
     // Prometheus has scraped the final counters.
     let want: std::collections::BTreeMap<String, f64> =
         served.iter().map(|(k, v)| (k.clone(), *v as f64)).collect();
-    support::eventually("Prometheus sees every request", Duration::from_secs(15), || async {
-        let got = support::prom_by(
-            &sys.prom,
-            "sum by (served_model) (kinference_proxy_requests_total)",
-            "served_model",
-        )
-        .await;
-        (got == want).then_some(())
-    })
+    support::eventually(
+        "Prometheus sees every request",
+        Duration::from_secs(15),
+        || async {
+            let got = support::prom_by(
+                &sys.prom,
+                "sum by (served_model) (kinference_proxy_requests_total)",
+                "served_model",
+            )
+            .await;
+            (got == want).then_some(())
+        },
+    )
     .await;
 
     // --- The API ---
@@ -69,7 +73,11 @@ async fn dashboard_agrees_with_prometheus_under_load() {
         assert_eq!(row["labels"]["tenant"], "default/app");
         assert_eq!(row["requests_total"].as_f64(), Some(*n as f64), "{row}");
         let rps = row["requests_per_s"].as_f64().unwrap();
-        assert!(rps > 0.0 && close(rps, rate[model], 0.15), "{rps} vs {}", rate[model]);
+        assert!(
+            rps > 0.0 && close(rps, rate[model], 0.15),
+            "{rps} vs {}",
+            rate[model]
+        );
         assert!(row["ttft_p50_s"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["e2e_p95_s"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["prompt_tokens"].as_f64().unwrap() > 0.0, "{row}");
@@ -107,11 +115,19 @@ async fn dashboard_agrees_with_prometheus_under_load() {
     assert_eq!(rows.len(), sys.models.len(), "{endpoints}");
     for e in rows {
         let id = e["endpoint"].as_str().unwrap();
-        assert_eq!(e["model"].as_str(), sys.models.get(id).map(String::as_str), "{e}");
+        assert_eq!(
+            e["model"].as_str(),
+            sys.models.get(id).map(String::as_str),
+            "{e}"
+        );
         assert!(e["signal_age_s"].as_f64().unwrap() < 5.0, "{e}");
         if e["decisions"].as_u64().unwrap() > 0 {
             let o = e["observed_ttft_mean_s"].as_f64().expect("observed TTFT");
-            assert!(o > 0.0 && close(o, observed[id], 0.05), "{o} vs {}", observed[id]);
+            assert!(
+                o > 0.0 && close(o, observed[id], 0.05),
+                "{o} vs {}",
+                observed[id]
+            );
             assert!(e["predicted_ttft_mean_s"].as_f64().unwrap() > 0.0);
         }
     }
@@ -125,7 +141,10 @@ async fn dashboard_agrees_with_prometheus_under_load() {
             r["requested_model"] == "glm-5.3" || r["served_model"] == "glm-5.3",
             "{r}"
         );
-        assert!(sys.models.contains_key(r["endpoint"].as_str().unwrap()), "{r}");
+        assert!(
+            sys.models.contains_key(r["endpoint"].as_str().unwrap()),
+            "{r}"
+        );
     }
     let one = support::get_json(&format!("{}/api/decisions?request_id={id}", sys.viz)).await;
     assert_eq!(one["records"].as_array().unwrap().len(), 1, "{one}");
@@ -162,8 +181,15 @@ async fn dashboard_agrees_with_prometheus_under_load() {
             .find(|r| r["served_model"]["text"] == model.as_str())
             .unwrap_or_else(|| panic!("no tenants row for {model}: {rows:?}"));
         assert_eq!(row["tenant"]["text"], "default/app");
-        assert_eq!(row["requests_total"]["value"].as_f64(), Some(*n as f64), "{row}");
-        assert!(row["requests_per_s"]["value"].as_f64().unwrap() > 0.0, "{row}");
+        assert_eq!(
+            row["requests_total"]["value"].as_f64(),
+            Some(*n as f64),
+            "{row}"
+        );
+        assert!(
+            row["requests_per_s"]["value"].as_f64().unwrap() > 0.0,
+            "{row}"
+        );
         assert!(row["ttft_p50_s"]["value"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["cost_usd"]["value"].as_f64().unwrap() > 0.0, "{row}");
     }
@@ -183,7 +209,11 @@ async fn dashboard_agrees_with_prometheus_under_load() {
             .find(|r| r["served_model"]["text"] == model.as_str())
             .unwrap_or_else(|| panic!("no flow row for {model}: {rows:?}"));
         let v = row["requests"]["value"].as_f64().unwrap();
-        assert!(v > 0.0 && close(v, increase[model], 0.15), "{v} vs {}", increase[model]);
+        assert!(
+            v > 0.0 && close(v, increase[model], 0.15),
+            "{v} vs {}",
+            increase[model]
+        );
     }
     browser.screenshot(&shots.join("flows.png")).await;
 
@@ -193,11 +223,18 @@ async fn dashboard_agrees_with_prometheus_under_load() {
     let mut busy = 0;
     for row in &rows {
         let id = row["endpoint"]["text"].as_str().unwrap();
-        assert_eq!(row["model"]["text"].as_str(), sys.models.get(id).map(String::as_str));
+        assert_eq!(
+            row["model"]["text"].as_str(),
+            sys.models.get(id).map(String::as_str)
+        );
         if row["decisions"]["value"].as_f64().unwrap_or(0.0) > 0.0 {
             busy += 1;
             let o = row["observed_ttft_mean_s"]["value"].as_f64().unwrap();
-            assert!(o > 0.0 && close(o, observed[id], 0.25), "{o} vs {}", observed[id]);
+            assert!(
+                o > 0.0 && close(o, observed[id], 0.25),
+                "{o} vs {}",
+                observed[id]
+            );
         }
     }
     assert!(busy >= 1, "{rows:?}");
@@ -207,16 +244,34 @@ async fn dashboard_agrees_with_prometheus_under_load() {
     let rows = browser.page(&sys.viz, "decisions", 1).await;
     for row in &rows {
         assert_eq!(row["tenant"]["text"], "default/app");
-        assert!(sys.models.contains_key(row["endpoint"]["text"].as_str().unwrap()), "{row}");
-        assert!(row["predicted_ttft_s"]["value"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(
+            sys.models
+                .contains_key(row["endpoint"]["text"].as_str().unwrap()),
+            "{row}"
+        );
+        assert!(
+            row["predicted_ttft_s"]["value"].as_f64().unwrap() > 0.0,
+            "{row}"
+        );
     }
     browser.click_first_row().await;
     browser.screenshot(&shots.join("decisions.png")).await;
 
     // Policies: the example policy, accepted.
     let rows = browser.page(&sys.viz, "policies", 1).await;
-    assert!(rows[0]["conditions"]["text"].as_str().unwrap().contains("Accepted=True"), "{rows:?}");
-    assert!(rows[0]["rules"]["text"].as_str().unwrap().contains("low-complexity-may-use-qwen"));
+    assert!(
+        rows[0]["conditions"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Accepted=True"),
+        "{rows:?}"
+    );
+    assert!(
+        rows[0]["rules"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("low-complexity-may-use-qwen")
+    );
     browser.screenshot(&shots.join("policies.png")).await;
     browser.close().await;
 }

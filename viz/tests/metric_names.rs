@@ -15,13 +15,20 @@ use std::{
 /// name and their `_bucket`, `_sum`, `_count` series).
 fn exposition(text: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
         let (name, rest) = match line.find(['{', ' ']) {
             Some(i) => line.split_at(i),
             None => continue,
         };
         let mut labels = BTreeSet::new();
-        if let Some(body) = rest.strip_prefix('{').and_then(|r| r.split_once('}')).map(|(b, _)| b) {
+        if let Some(body) = rest
+            .strip_prefix('{')
+            .and_then(|r| r.split_once('}'))
+            .map(|(b, _)| b)
+        {
             // Label values here are names, never containing `",`.
             for kv in body.split("\",").filter(|kv| !kv.is_empty()) {
                 if let Some((k, _)) = kv.split_once('=') {
@@ -229,7 +236,12 @@ fn every_queried_metric_and_label_is_exported() {
         queries.len()
     );
     // The request families must all have been checked with their labels.
-    for m in ["kinference_proxy_requests_total", "kinference_proxy_ttft_seconds_bucket", "kinference_proxy_errors_total", "vllm:time_to_first_token_seconds_bucket"] {
+    for m in [
+        "kinference_proxy_requests_total",
+        "kinference_proxy_ttft_seconds_bucket",
+        "kinference_proxy_errors_total",
+        "vllm:time_to_first_token_seconds_bucket",
+    ] {
         assert!(!by_name_only.contains(m), "{m} had no sample");
     }
 }

@@ -79,13 +79,7 @@ impl Browser {
         if !body.is_null() {
             req = req.json(&body);
         }
-        let v: Value = req
-            .send()
-            .await
-            .expect(path)
-            .json()
-            .await
-            .expect(path);
+        let v: Value = req.send().await.expect(path).json().await.expect(path);
         assert!(v["value"]["error"].is_null(), "{path}: {v}");
         v["value"].clone()
     }

@@ -1,8 +1,6 @@
 //! What the end-to-end tests share: tool discovery (skip, or fail under `CI`), the local stack
 //! with Prometheus and viz beside it, and a load generator.
 
-
-
 use kinference_proxy::local::{Stack, StackOptions, target_dir};
 use kinference_viz::{api::State, local, policies, prom::Prometheus, server};
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
