@@ -30,7 +30,7 @@ bench:
 
 # Run the whole system locally: controller, simulated fleet and proxy (the README's first command).
 run *ARGS:
-    cargo run -p kinference-proxy --bin kinference-local -- {{ARGS}}
+    cargo run -p kinference-viz -- local {{ARGS}}
 
 # Run a simulated vLLM fleet on loopback: two glm-5.3 and two qwen-3.6-27b replicas.
 sim *ARGS:

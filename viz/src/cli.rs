@@ -140,8 +140,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts kinference-local and returns it with the URLs it printed.
-fn start_local(args: &LocalArgs) -> anyhow::Result<(std::process::Child, LocalUrls)> {
+/// The command that runs kinference-local: `--local-bin`, else the binary beside this one, else
+/// `cargo run -p kinference-proxy --bin kinference-local`.
+fn local_command(args: &LocalArgs) -> std::process::Command {
     let sibling = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(|d| d.join("kinference-local")));
@@ -163,9 +164,14 @@ fn start_local(args: &LocalArgs) -> anyhow::Result<(std::process::Child, LocalUr
             c
         }
     };
-    cmd.args(&args.local_args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped());
+    cmd.args(&args.local_args);
+    cmd
+}
+
+/// Starts kinference-local and returns it with the URLs it printed.
+fn start_local(args: &LocalArgs) -> anyhow::Result<(std::process::Child, LocalUrls)> {
+    let mut cmd = local_command(args);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
     let mut child = cmd.spawn().context("starting kinference-local")?;
     let stdout = child
         .stdout
@@ -191,6 +197,23 @@ fn start_local(args: &LocalArgs) -> anyhow::Result<(std::process::Child, LocalUr
 
 async fn run_local(args: LocalArgs) -> anyhow::Result<()> {
     init_logs("plain");
+    if !args.prometheus_bin.exists() {
+        // Without Prometheus there is nothing for the dashboard to read: run the local system
+        // alone, in the foreground, and say how to get the rest.
+        println!(
+            "{} not found: running the local system without Prometheus and the dashboard \
+             (Debian: apt-get install prometheus).",
+            args.prometheus_bin.display()
+        );
+        let status = tokio::task::spawn_blocking({
+            let mut cmd = local_command(&args);
+            move || cmd.status()
+        })
+        .await?
+        .context("running kinference-local")?;
+        anyhow::ensure!(status.success(), "kinference-local exited with {status}");
+        return Ok(());
+    }
     let (mut local_child, urls) = {
         let args_ = LocalArgs {
             listen_addr: args.listen_addr,
