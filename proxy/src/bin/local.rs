@@ -25,28 +25,14 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // Make sure the three binaries are current (fast when they are).
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .current_dir(workspace_root())
-        .args([
-            "build",
-            "-p",
-            "kinference-proxy",
-            "--bin",
-            "kinference-proxy",
-            "-p",
-            "kinference-policy-controller",
-            "--bin",
-            "kinference-policy-controller",
-            "-p",
-            "kinference-vllm-sim",
-            "--bin",
-            "vllm-sim",
-        ])
-        .status()
-        .context("running cargo build")?;
-    anyhow::ensure!(status.success(), "cargo build failed");
+    // Make sure the three binaries are current (fast when they are). Tests that run this binary
+    // set KINFERENCE_LOCAL_NO_BUILD: the test build already made the binaries, and a `cargo build`
+    // of three packages resolves features differently from the workspace's test build, so it would
+    // rebuild much of the dependency graph.
+    if std::env::var_os("KINFERENCE_LOCAL_NO_BUILD").is_none() {
+        build_binaries()?;
+    }
+
     let quiet = std::env::var_os("KINFERENCE_LOCAL_LOGS").is_none();
     let opts = StackOptions {
         replicas: vec![
@@ -95,5 +81,31 @@ fn main() -> anyhow::Result<()> {
     });
     let _ = rx.recv();
     drop(stack);
+    Ok(())
+}
+
+/// `cargo build`s the proxy, the controller and the simulator.
+fn build_binaries() -> anyhow::Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(workspace_root())
+        .args([
+            "build",
+            "-p",
+            "kinference-proxy",
+            "--bin",
+            "kinference-proxy",
+            "-p",
+            "kinference-policy-controller",
+            "--bin",
+            "kinference-policy-controller",
+            "-p",
+            "kinference-vllm-sim",
+            "--bin",
+            "vllm-sim",
+        ])
+        .status()
+        .context("running cargo build")?;
+    anyhow::ensure!(status.success(), "cargo build failed");
     Ok(())
 }
