@@ -28,6 +28,35 @@ pub struct Attempt {
     pub request: http::Request<Full<Bytes>>,
 }
 
+/// What the inference layer needs of the service that sends attempts upstream: [`Dispatch`] in
+/// production, a fake in unit tests. One name for the bounds every layer above it repeats.
+pub trait DispatchService<B>:
+    tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError, Future: Send>
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S, B> DispatchService<B> for S where
+    S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError, Future: Send>
+        + Clone
+        + Send
+        + 'static
+{
+}
+
+/// An upstream response body the proxy streams through to the client.
+pub trait UpstreamBody:
+    http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static
+{
+}
+
+impl<B> UpstreamBody for B where
+    B: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static
+{
+}
+
 /// Why an attempt got no response.
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {

@@ -10,7 +10,7 @@ use crate::{
     balance::{Balance, EndpointInfo, Plan},
     classify,
     decisions::{DecisionRecord, Decisions, TagRecord},
-    dispatch::{Attempt, DispatchError, is_hop_by_hop},
+    dispatch::{Attempt, DispatchService, UpstreamBody, is_hop_by_hop},
     metrics::{
         DecisionLabels, FallbackLabels, Metrics, PoolLabels, RequestLabels, RetryLabels,
         TenantLabels,
@@ -171,13 +171,9 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 impl<S, B> tower::Service<ProxyRequest> for Inference<S>
 where
-    S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: std::fmt::Display,
+    // The projection names `B` for the impl; the rest of the bounds are `DispatchService`'s.
+    S: DispatchService<B> + tower::Service<Attempt, Response = http::Response<B>>,
+    B: UpstreamBody,
 {
     type Response = http::Response<ProxyBody>;
     type Error = Infallible;
@@ -217,13 +213,8 @@ async fn route<S, B>(
     req: ProxyRequest,
 ) -> http::Response<ProxyBody>
 where
-    S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: std::fmt::Display,
+    S: DispatchService<B>,
+    B: UpstreamBody,
 {
     let ProxyRequest {
         head,
@@ -389,13 +380,8 @@ async fn attempt_all<S, B>(
     received_at: Instant,
 ) -> http::Response<ProxyBody>
 where
-    S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: std::fmt::Display,
+    S: DispatchService<B>,
+    B: UpstreamBody,
 {
     let max_attempts = 1 + shared.retry_budget as usize;
     let tries: Vec<usize> = plan.order.iter().copied().take(max_attempts).collect();
@@ -634,13 +620,8 @@ pub async fn forward_other<S, B>(
     received_at: Instant,
 ) -> http::Response<ProxyBody>
 where
-    S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: std::fmt::Display,
+    S: DispatchService<B>,
+    B: UpstreamBody,
 {
     let mut labels = RequestLabels {
         tenant,
@@ -715,7 +696,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{openai::Endpoint, policy::tests::example_proto};
+    use crate::{dispatch::DispatchError, openai::Endpoint, policy::tests::example_proto};
     use kinference_proxy_discovery::{Endpoint as Ep, Endpoints};
     use parking_lot::Mutex;
     use std::{collections::BTreeMap, net::SocketAddr};

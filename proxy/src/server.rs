@@ -7,7 +7,7 @@
 //! answered, with an OpenAI error object when it cannot be served.
 
 use crate::{
-    dispatch::{Attempt, DispatchError},
+    dispatch::{Attempt, DispatchService, UpstreamBody},
     inference::{self, ProxyBody, ProxyRequest, REQUEST_ID, Shared, error_response, full},
     openai::{ApiError, Endpoint, InferenceRequest},
 };
@@ -134,14 +134,9 @@ impl<S> OpenAi<S> {
 
 impl<S, RB, B> tower::Service<http::Request<RB>> for OpenAi<S>
 where
-    S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send,
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: std::fmt::Display,
+    // The projection names `B` for the impl; the rest of the bounds are `DispatchService`'s.
+    S: DispatchService<B> + tower::Service<Attempt, Response = http::Response<B>> + Sync,
+    B: UpstreamBody,
     RB: Body<Data = Bytes> + Send + 'static,
     RB::Error: std::error::Error + Send + Sync + 'static,
 {
@@ -192,13 +187,8 @@ fn models_list(shared: &Shared) -> Result<http::Response<ProxyBody>, ApiError> {
 impl<S> OpenAi<S> {
     async fn handle<RB, B>(self, req: http::Request<RB>) -> http::Response<ProxyBody>
     where
-        S: tower::Service<Attempt, Response = http::Response<B>, Error = DispatchError>
-            + Clone
-            + Send
-            + 'static,
-        S::Future: Send,
-        B: Body<Data = Bytes> + Send + Unpin + 'static,
-        B::Error: std::fmt::Display,
+        S: DispatchService<B>,
+        B: UpstreamBody,
         RB: Body<Data = Bytes> + Send + 'static,
         RB::Error: std::error::Error + Send + Sync + 'static,
     {
