@@ -2,7 +2,8 @@
 //! a request went where it went.
 //!
 //! `/live` answers while the process runs; `/ready` once a policy has been received (the last good
-//! one is kept if the controller goes away); `/metrics` is the OpenMetrics exposition;
+//! one is kept if the controller goes away) and discovery has reported every model's pool, so a
+//! ready proxy can route; `/metrics` is the OpenMetrics exposition;
 //! `/debug/endpoints`, `POST /debug/classify` and `/debug/decisions` explain signals, tags and
 //! decisions without showing prompt text.
 
@@ -53,11 +54,11 @@ pub async fn handle(
     let get = method == Method::GET;
     match path.as_str() {
         "/live" if get => text(StatusCode::OK, "live\n".into(), "text/plain"),
-        "/ready" if get => match shared.policy() {
-            Some(_) => text(StatusCode::OK, "ready\n".into(), "text/plain"),
-            None => text(
+        "/ready" if get => match readiness(&shared) {
+            Ok(()) => text(StatusCode::OK, "ready\n".into(), "text/plain"),
+            Err(why) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "not ready: no inference policy yet\n".into(),
+                format!("not ready: {why}\n"),
                 "text/plain",
             ),
         },
@@ -95,6 +96,22 @@ pub async fn handle(
 
 /// `POST /debug/classify` with a chat or completion body: the tags with their explanation, and the
 /// candidate models the policy would allow.
+/// Ready to route: a policy, and discovery has reported the pool of each of its models.
+fn readiness(shared: &Shared) -> Result<(), String> {
+    if shared.policy().is_none() {
+        return Err("no inference policy yet".into());
+    }
+    let awaiting = shared.balance.awaiting_endpoints();
+    if awaiting.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "no endpoints reported yet for {}",
+            awaiting.join(", ")
+        ))
+    }
+}
+
 async fn classify(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Response<ProxyBody> {
     let bytes = match Limited::new(req.into_body(), CLASSIFY_LIMIT_BYTES)
         .collect()

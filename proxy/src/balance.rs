@@ -57,6 +57,9 @@ struct Inner {
     failure_mode: FailureMode,
     mode: Mode,
     rng: SmallRng,
+    /// The policy's models whose pool discovery has not answered for yet (an answered pool may
+    /// be empty): until it has, the proxy is not ready.
+    awaiting_endpoints: Vec<String>,
 }
 
 /// The shared balancer.
@@ -87,6 +90,7 @@ impl Balance {
                 failure_mode: FailureMode::FailOpen,
                 mode: Mode::Enforce,
                 rng: SmallRng::from_os_rng(),
+                awaiting_endpoints: Vec::new(),
             }),
             endpoints_tx: tokio::sync::watch::channel(Arc::new(Vec::new())).0,
         }
@@ -128,6 +132,12 @@ impl Balance {
                 .router
                 .set_model_prior(ModelName::from(m.name.as_str()), m.prior);
         }
+        inner.awaiting_endpoints = policy
+            .models
+            .iter()
+            .filter(|m| !endpoints.by_backend.contains_key(&m.destination_path))
+            .map(|m| m.name.clone())
+            .collect();
         let mut desired: HashMap<EndpointId, (EndpointInfo, EndpointMeta)> = HashMap::new();
         for m in &policy.models {
             for ep in endpoints
@@ -190,6 +200,12 @@ impl Balance {
             *cur = Arc::new(list);
             true
         });
+    }
+
+    /// The policy's models whose endpoints discovery has not reported yet (empty pools that it
+    /// has reported are not awaited: one empty pool must not keep the proxy unready).
+    pub fn awaiting_endpoints(&self) -> Vec<String> {
+        self.inner.lock().awaiting_endpoints.clone()
     }
 
     pub fn info(&self, id: &EndpointId) -> Option<EndpointInfo> {
@@ -500,6 +516,26 @@ mod tests {
         b.sync(&p, &endpoints(&[("glm-5.3", 1)]));
         assert_eq!(rx.borrow().len(), 1);
         assert!(b.info(&EndpointId::from("127.0.0.1:3")).is_none());
+    }
+
+    #[test]
+    fn models_whose_pool_discovery_has_not_answered_are_awaited() {
+        let b = Balance::new();
+        let p = policy(Mode::Enforce, FailureMode::FailOpen);
+        assert!(
+            b.awaiting_endpoints().is_empty(),
+            "nothing awaited before a policy"
+        );
+        b.sync(&p, &endpoints(&[("glm-5.3", 1)]));
+        assert_eq!(b.awaiting_endpoints(), vec!["qwen-3.6-27b".to_string()]);
+        // An answered but empty pool is not awaited.
+        let mut answered = endpoints(&[("glm-5.3", 1)]);
+        let qwen = p.models.iter().find(|m| m.name == "qwen-3.6-27b").unwrap();
+        answered
+            .by_backend
+            .insert(qwen.destination_path.clone(), Vec::new());
+        b.sync(&p, &answered);
+        assert!(b.awaiting_endpoints().is_empty());
     }
 
     #[test]

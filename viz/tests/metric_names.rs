@@ -122,14 +122,30 @@ fn every_queried_metric_and_label_is_exported() {
     let (proxy_text, vllm_text) = rt.block_on(async {
         let client = reqwest::Client::new();
         let url = format!("http://{}/v1/chat/completions", stack.proxy.listen);
-        // Ready once the proxy has a policy (bounded wait).
-        let ready = format!("http://{}/ready", stack.proxy.admin);
-        for _ in 0..150 {
-            match client.get(&ready).send().await {
-                Ok(r) if r.status() == 200 => break,
-                _ => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        // Ready once every endpoint is discovered with fresh signals (bounded wait): `/ready`
+        // alone turns true with the policy, before the endpoints arrive, and a request then
+        // would rightly get 503.
+        let endpoints = format!("http://{}/debug/endpoints", stack.proxy.admin);
+        let want = stack.sims.len();
+        let mut seen = serde_json::Value::Null;
+        let all_ready = |v: &serde_json::Value| {
+            v["endpoints"].as_array().is_some_and(|eps| {
+                eps.iter()
+                    .filter(|e| e["ready"] == true && !e["signals"]["num_requests_waiting"].is_null())
+                    .count()
+                    == want
+            })
+        };
+        for _ in 0..300 {
+            if let Ok(r) = client.get(&endpoints).send().await {
+                seen = r.json().await.unwrap_or_default();
+                if all_ready(&seen) {
+                    break;
+                }
             }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
+        assert!(all_ready(&seen), "endpoints never all ready: {seen}");
         for stream in [true, false, true] {
             let body = serde_json::json!({
                 "model": "glm-5.3", "stream": stream, "max_tokens": 4,
