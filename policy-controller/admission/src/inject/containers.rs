@@ -1,5 +1,6 @@
 //! The two containers injection adds: `kinference-proxy-init`, which redirects the app's
-//! outbound TCP to the proxy with iptables and exits, and `kinference-proxy`, a native
+//! outbound TCP to the proxy with iptables and exits (the `proxy/init` crate's binary, configured
+//! by the environment set here), and `kinference-proxy`, a native
 //! sidecar (an init container with `restartPolicy: Always`) that starts before the app's
 //! own init containers, so they too reach models through it, and stops after the app.
 
@@ -15,6 +16,8 @@ use std::collections::BTreeMap;
 
 pub const PROXY: &str = "kinference-proxy";
 pub const PROXY_INIT: &str = "kinference-proxy-init";
+/// Where the proxy-init image (`docker/proxy-init.Dockerfile`) installs its binary.
+pub const PROXY_INIT_BIN: &str = "/usr/local/bin/kinference-proxy-init";
 const ADMIN_PORT_NAME: &str = "kinf-admin";
 
 /// What one pod's annotations change from the defaults, already validated.
@@ -70,15 +73,24 @@ fn join<T: ToString>(items: &[T]) -> String {
         .join(",")
 }
 
-/// The destination ports proxy-init redirects: the requested ones less the skipped ones.
+/// The destination ports proxy-init redirects: the requested ones less the skipped ones. An
+/// empty list means every TCP port to proxy-init, so when every requested port is skipped the
+/// requested list is kept: proxy-init returns skipped ports before it redirects any, so none is.
 pub fn intercepted_ports(config: &ProxyConfig, o: &Overrides) -> Vec<u16> {
-    o.outbound_ports
+    let requested = o
+        .outbound_ports
         .as_deref()
-        .unwrap_or(&config.outbound_ports)
+        .unwrap_or(&config.outbound_ports);
+    let ports: Vec<u16> = requested
         .iter()
         .copied()
         .filter(|p| !o.skip_outbound_ports.contains(p))
-        .collect()
+        .collect();
+    if ports.is_empty() {
+        requested.to_vec()
+    } else {
+        ports
+    }
 }
 
 pub fn proxy_init(config: &ProxyConfig, o: &Overrides) -> Container {
@@ -86,6 +98,8 @@ pub fn proxy_init(config: &ProxyConfig, o: &Overrides) -> Container {
         name: PROXY_INIT.into(),
         image: Some(config.init_image.clone()),
         image_pull_policy: Some(config.init_image_pull_policy.clone()),
+        // The image's entrypoint, named so that an image built otherwise still runs it.
+        command: Some(vec![PROXY_INIT_BIN.into()]),
         env: Some(vec![
             env("KINFERENCE_PROXY_PORT", config.ports.outbound.to_string()),
             env("KINFERENCE_PROXY_UID", config.uid.to_string()),
@@ -222,5 +236,70 @@ pub fn proxy(
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(outbound_ports: &str) -> ProxyConfig {
+        ProxyConfig::from_json(&format!(
+            r#"{{"controllerAddr":"http://ctl:8090","image":"proxy:1","imagePullPolicy":"IfNotPresent",
+               "initImage":"proxy-init:1","initImagePullPolicy":"IfNotPresent","initResources":{{}},
+               "logFormat":"json","logLevel":"info","ports":{{"admin":4191,"outbound":4140}},
+               "resources":{{}},"uid":2102,"outboundPorts":{outbound_ports}}}"#
+        ))
+        .unwrap()
+    }
+
+    fn env_of(c: &Container) -> BTreeMap<String, String> {
+        c.env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+            .collect()
+    }
+
+    #[test]
+    fn proxy_init_runs_the_init_binary_with_the_options_in_its_environment() {
+        let o = Overrides {
+            skip_outbound_ports: vec![22],
+            skip_outbound_cidrs: vec!["10.0.0.0/8".into()],
+            ..Overrides::default()
+        };
+        let c = proxy_init(&config("[80,8000]"), &o);
+        assert_eq!(c.name, PROXY_INIT);
+        assert_eq!(
+            c.command.as_deref(),
+            Some(&["/usr/local/bin/kinference-proxy-init".to_string()][..])
+        );
+        let e = env_of(&c);
+        assert_eq!(e["KINFERENCE_PROXY_PORT"], "4140");
+        assert_eq!(e["KINFERENCE_PROXY_UID"], "2102");
+        assert_eq!(e["KINFERENCE_OUTBOUND_PORTS"], "80,8000");
+        assert_eq!(e["KINFERENCE_SKIP_OUTBOUND_PORTS"], "22");
+        assert_eq!(e["KINFERENCE_SKIP_OUTBOUND_CIDRS"], "10.0.0.0/8");
+    }
+
+    #[test]
+    fn skipping_every_requested_port_never_means_all_ports() {
+        let o = Overrides {
+            outbound_ports: Some(vec![8000]),
+            skip_outbound_ports: vec![8000],
+            ..Overrides::default()
+        };
+        // Empty would tell proxy-init to redirect all TCP; the skip rule returns 8000 first.
+        assert_eq!(intercepted_ports(&config("[80,8000]"), &o), vec![8000]);
+        let o = Overrides {
+            skip_outbound_ports: vec![80],
+            ..Overrides::default()
+        };
+        assert_eq!(intercepted_ports(&config("[80,8000]"), &o), vec![8000]);
+        // A chart that lists no ports asks for every TCP port.
+        assert_eq!(
+            intercepted_ports(&config("[]"), &Overrides::default()),
+            Vec::<u16>::new()
+        );
     }
 }

@@ -1,0 +1,66 @@
+//! `kinference-proxy-init`: installs the redirect rules in the pod's network namespace and exits.
+//! The injector sets its options as environment variables; `--dry-run` prints the script instead.
+
+use anyhow::Context as _;
+use clap::Parser;
+use kinference_proxy_init::{Mode, Rules, SystemIptables, apply, rules::parse_list};
+
+#[derive(Debug, Parser)]
+#[command(name = "kinference-proxy-init", version, about)]
+struct Args {
+    /// The proxy's outbound listener port.
+    #[arg(long, env = "KINFERENCE_PROXY_PORT", default_value_t = 4140)]
+    proxy_port: u16,
+    /// The proxy's UID, whose connections are never redirected.
+    #[arg(long, env = "KINFERENCE_PROXY_UID", default_value_t = 2102)]
+    proxy_uid: u32,
+    /// Destination ports (or ranges, `8000-8010`) to redirect, comma separated; empty: all TCP.
+    #[arg(long, env = "KINFERENCE_OUTBOUND_PORTS", default_value = "")]
+    outbound_ports: String,
+    /// Destination ports never redirected, comma separated.
+    #[arg(long, env = "KINFERENCE_SKIP_OUTBOUND_PORTS", default_value = "")]
+    skip_outbound_ports: String,
+    /// Destination CIDRs never redirected, comma separated.
+    #[arg(long, env = "KINFERENCE_SKIP_OUTBOUND_CIDRS", default_value = "")]
+    skip_outbound_cidrs: String,
+    /// The iptables programs to run.
+    #[arg(long, env = "KINFERENCE_IPTABLES", value_enum, default_value_t)]
+    iptables: Mode,
+    /// Print the script for a fresh namespace and change nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let rules = Rules {
+        proxy_port: args.proxy_port,
+        proxy_uid: args.proxy_uid,
+        outbound_ports: parse_list(&args.outbound_ports).context("KINFERENCE_OUTBOUND_PORTS")?,
+        skip_outbound_ports: parse_list(&args.skip_outbound_ports)
+            .context("KINFERENCE_SKIP_OUTBOUND_PORTS")?,
+        skip_outbound_cidrs: parse_list(&args.skip_outbound_cidrs)
+            .context("KINFERENCE_SKIP_OUTBOUND_CIDRS")?,
+    };
+    for cidr in rules.ignored_cidrs() {
+        eprintln!("kinference-proxy-init: {cidr} is IPv6; only IPv4 traffic is redirected");
+    }
+    if args.dry_run {
+        print!("{}", rules.script(""));
+        return Ok(());
+    }
+    let mut ipt = SystemIptables(args.iptables);
+    let script = apply(&mut ipt, &rules).context("installing the redirect rules")?;
+    print!("{script}");
+    eprintln!(
+        "kinference-proxy-init: outbound TCP to {} redirected to port {} (UID {} exempt)",
+        if rules.outbound_ports.is_empty() {
+            "every port".to_string()
+        } else {
+            args.outbound_ports
+        },
+        rules.proxy_port,
+        rules.proxy_uid
+    );
+    Ok(())
+}
