@@ -256,6 +256,7 @@ where
         request.estimated_prompt_tokens(),
         request.max_tokens,
         &blocks,
+        Some(&request.prompt),
     );
     let decision_s = t0.elapsed().as_secs_f64();
     let m = &shared.metrics;
@@ -275,6 +276,16 @@ where
             mode: mode_name(plan.mode).into(),
         })
         .inc();
+    m.rule_decisions(
+        &tenant,
+        &labels.requested_model,
+        &d.chosen_model().map(|m| m.to_string()).unwrap_or_default(),
+        candidates
+            .rule_trace
+            .iter()
+            .filter(|t| t.matched)
+            .map(|t| t.rule.as_str()),
+    );
     for c in &d.candidates {
         if c.prediction.reported_waiting.is_some() && !c.prediction.signals_fresh {
             let pool = shared
@@ -410,6 +421,7 @@ where
             addr: info.addr,
             request: upstream_request(&head, body, &request_id),
         };
+        let sent_at = Instant::now();
         let retry = |reason: &str| {
             shared
                 .metrics
@@ -452,6 +464,9 @@ where
                         .unwrap_or_default(),
                     request_id: request_id.clone(),
                     status,
+                    sent_at,
+                    first_token_seen: false,
+                    decode: (0.0, 0),
                 };
                 return respond(rsp, request.stream, Box::new(hooks), &request_id, &info);
             }
@@ -535,10 +550,16 @@ struct RequestHooks {
     price: Price,
     request_id: String,
     status: http::StatusCode,
+    /// When the attempt that answered was sent.
+    sent_at: Instant,
+    first_token_seen: bool,
+    /// Streamed inter-token gaps: (sum in seconds, count).
+    decode: (f64, u64),
 }
 
 impl Hooks for RequestHooks {
     fn first_token(&mut self, at: Instant) {
+        self.first_token_seen = true;
         let m = &self.shared.metrics;
         m.ttft_seconds
             .get_or_create(&self.labels)
@@ -546,13 +567,18 @@ impl Hooks for RequestHooks {
         if let Some(h) = self.handle
             && let Some(ttft) = self.shared.balance.first_token(&self.endpoint, h, at)
         {
-            m.prediction_error_seconds
-                .get_or_create(&self.labels)
-                .observe((ttft.as_secs_f64() - self.predicted_ttft_s).abs());
+            m.observe_prediction(
+                &self.labels,
+                self.endpoint.as_str(),
+                ttft.as_secs_f64(),
+                self.predicted_ttft_s,
+            );
         }
     }
 
     fn token_gap(&mut self, gap: Duration) {
+        self.decode.0 += gap.as_secs_f64();
+        self.decode.1 += 1;
         self.shared
             .metrics
             .inter_token_latency_seconds
@@ -562,7 +588,25 @@ impl Hooks for RequestHooks {
 
     fn end(&mut self, summary: Summary) {
         if let Some(h) = self.handle.take() {
-            self.shared.balance.complete(h);
+            let balance = &self.shared.balance;
+            if self.first_token_seen {
+                balance.observe_decode(&self.endpoint, self.decode.0, self.decode.1);
+            } else if self.status.is_success()
+                && summary.upstream_error.is_none()
+                && !summary.cancelled
+                && let Some(u) = summary.usage.filter(|u| u.completion_tokens > 0)
+            {
+                // A non-stream answer: feed its estimated first token (see `balance`).
+                let end = Instant::now();
+                balance.estimated_first_token(
+                    &self.endpoint,
+                    h,
+                    end.saturating_duration_since(self.sent_at),
+                    end,
+                    u.completion_tokens,
+                );
+            }
+            balance.complete(h);
         }
         let m = &self.shared.metrics;
         let l = &self.labels;
@@ -675,6 +719,9 @@ where
                     price: Price::default(),
                     request_id: request_id.clone(),
                     status,
+                    sent_at: Instant::now(),
+                    first_token_seen: false,
+                    decode: (0.0, 0),
                 };
                 return respond(rsp, false, Box::new(hooks), &request_id, info);
             }

@@ -3,6 +3,14 @@
 //! Platform teams answer "which model served each app, how fast, at what cost" from these, and
 //! operators see how often prediction fell back and why. Label values are names from policy and
 //! configuration only, never request content.
+//!
+//! Two families are labelled per endpoint (`endpoint` = `host:port`, the proxy's endpoint id):
+//! observed and predicted TTFT and their difference, so the endpoints view can set predicted
+//! against observed per endpoint. Their cardinality is bounded by the endpoints of the pools the
+//! sidecar's policy names (a pool's replicas, typically a handful to a few dozen), not by
+//! traffic; a series of an endpoint that left stays until the proxy restarts, as with any
+//! Prometheus client. They carry no tenant label, which keeps them at endpoints × 1 rather than
+//! endpoints × tenants × models.
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -56,6 +64,34 @@ pub struct FallbackLabels {
 pub struct PoolLabels {
     pub pool: String,
     pub model: String,
+}
+
+/// One endpoint of a pool.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub pool: String,
+    /// The model the endpoint serves (the policy's name).
+    pub model: String,
+    /// `host:port`.
+    pub endpoint: String,
+}
+
+/// Decisions by the policy rule that matched.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    pub tenant: String,
+    pub requested_model: String,
+    /// The model the decision chose (in shadow mode, the one it would have sent to).
+    pub served_model: String,
+    pub rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KvErrorLabels {
+    pub pool: String,
+    pub model: String,
+    /// `connect`, `recv`, `sequence_gap` (events lost), `decode` (events lost).
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -116,6 +152,12 @@ pub struct Metrics {
     pub stale_signals: Family<PoolLabels, Counter>,
     pub retries: Family<RetryLabels, Counter>,
     pub scrape_errors: Family<PoolLabels, Counter>,
+    pub kv_event_batches: Family<PoolLabels, Counter>,
+    pub kv_event_errors: Family<KvErrorLabels, Counter>,
+    pub endpoint_ttft_seconds: Hist<EndpointLabels>,
+    pub endpoint_predicted_ttft_seconds: Hist<EndpointLabels>,
+    pub endpoint_prediction_error_seconds: Hist<EndpointLabels>,
+    pub rule_decisions: Family<RuleLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -219,6 +261,42 @@ impl Metrics {
             "Failed scrapes of endpoint metrics",
             scrape_errors.clone(),
         );
+        let kv_event_batches = Family::default();
+        r.register(
+            "kv_event_batches",
+            "vLLM KV-event batches applied to the precise prefix index",
+            kv_event_batches.clone(),
+        );
+        let kv_event_errors = Family::default();
+        r.register(
+            "kv_event_errors",
+            "Failures on KV-event streams (sequence_gap and decode lose events and clear the endpoint's index)",
+            kv_event_errors.clone(),
+        );
+        let endpoint_ttft_seconds: Hist<EndpointLabels> = hist(latency_histogram);
+        r.register(
+            "endpoint_ttft_seconds",
+            "TTFT observed by the proxy per endpoint, from dispatch (streams whose prediction is known)",
+            endpoint_ttft_seconds.clone(),
+        );
+        let endpoint_predicted_ttft_seconds: Hist<EndpointLabels> = hist(latency_histogram);
+        r.register(
+            "endpoint_predicted_ttft_seconds",
+            "TTFT predicted for the same requests as endpoint_ttft_seconds",
+            endpoint_predicted_ttft_seconds.clone(),
+        );
+        let endpoint_prediction_error_seconds: Hist<EndpointLabels> = hist(latency_histogram);
+        r.register(
+            "endpoint_prediction_error_seconds",
+            "Absolute difference between observed and predicted TTFT, per endpoint",
+            endpoint_prediction_error_seconds.clone(),
+        );
+        let rule_decisions = Family::default();
+        r.register(
+            "rule_decisions",
+            "Routing decisions whose policy evaluation matched a rule, by the model chosen",
+            rule_decisions.clone(),
+        );
         Self {
             registry: Arc::new(r),
             requests,
@@ -237,6 +315,61 @@ impl Metrics {
             stale_signals,
             retries,
             scrape_errors,
+            kv_event_batches,
+            kv_event_errors,
+            endpoint_ttft_seconds,
+            endpoint_predicted_ttft_seconds,
+            endpoint_prediction_error_seconds,
+            rule_decisions,
+        }
+    }
+
+    /// An observed TTFT (from dispatch) set against its prediction: the pool-labelled error and
+    /// the endpoint-labelled observed, predicted and error.
+    pub fn observe_prediction(
+        &self,
+        labels: &RequestLabels,
+        endpoint: &str,
+        observed_s: f64,
+        predicted_s: f64,
+    ) {
+        let error_s = (observed_s - predicted_s).abs();
+        self.prediction_error_seconds
+            .get_or_create(labels)
+            .observe(error_s);
+        let e = EndpointLabels {
+            pool: labels.pool.clone(),
+            model: labels.served_model.clone(),
+            endpoint: endpoint.to_string(),
+        };
+        self.endpoint_ttft_seconds
+            .get_or_create(&e)
+            .observe(observed_s);
+        self.endpoint_predicted_ttft_seconds
+            .get_or_create(&e)
+            .observe(predicted_s);
+        self.endpoint_prediction_error_seconds
+            .get_or_create(&e)
+            .observe(error_s);
+    }
+
+    /// Counts one decision under each rule that matched it.
+    pub fn rule_decisions<'a>(
+        &self,
+        tenant: &str,
+        requested_model: &str,
+        served_model: &str,
+        rules: impl Iterator<Item = &'a str>,
+    ) {
+        for rule in rules {
+            self.rule_decisions
+                .get_or_create(&RuleLabels {
+                    tenant: tenant.to_string(),
+                    requested_model: requested_model.to_string(),
+                    served_model: served_model.to_string(),
+                    rule: rule.to_string(),
+                })
+                .inc();
         }
     }
 
@@ -290,5 +423,50 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn predictions_are_labelled_per_endpoint_and_rules_per_decision() {
+        let m = Metrics::new();
+        let l = RequestLabels {
+            tenant: "team-a/chat".into(),
+            requested_model: "glm-5.3".into(),
+            served_model: "qwen-3.6-27b".into(),
+            pool: "qwen-3.6-27b".into(),
+            service_class: "Standard".into(),
+        };
+        m.observe_prediction(&l, "127.0.0.1:8003", 0.3, 0.2);
+        m.rule_decisions(
+            "team-a/chat",
+            "glm-5.3",
+            "qwen-3.6-27b",
+            ["low-complexity-may-use-qwen"].into_iter(),
+        );
+        m.rule_decisions("team-a/chat", "glm-5.3", "glm-5.3", std::iter::empty());
+        let text = m.encode();
+        let ep = r#"{pool="qwen-3.6-27b",model="qwen-3.6-27b",endpoint="127.0.0.1:8003"}"#;
+        for family in [
+            "endpoint_ttft_seconds",
+            "endpoint_predicted_ttft_seconds",
+            "endpoint_prediction_error_seconds",
+        ] {
+            assert!(
+                text.contains(&format!("kinference_proxy_{family}_count{ep} 1")),
+                "{family}: {text}"
+            );
+        }
+        assert!(text.contains(&format!(
+            "kinference_proxy_endpoint_ttft_seconds_sum{ep} 0.3"
+        )));
+        assert!(text.contains(&format!(
+            "kinference_proxy_endpoint_predicted_ttft_seconds_sum{ep} 0.2"
+        )));
+        assert!(text.contains(r#"kinference_proxy_prediction_error_seconds_count{tenant="team-a/chat",requested_model="glm-5.3",served_model="qwen-3.6-27b",pool="qwen-3.6-27b",service_class="Standard"} 1"#));
+        assert!(text.contains(r#"kinference_proxy_rule_decisions_total{tenant="team-a/chat",requested_model="glm-5.3",served_model="qwen-3.6-27b",rule="low-complexity-may-use-qwen"} 1"#), "{text}");
+        assert_eq!(
+            text.matches("kinference_proxy_rule_decisions_total{")
+                .count(),
+            1
+        );
     }
 }

@@ -88,6 +88,55 @@ pub struct Model {
     pub pool: String,
     pub prior: ModelPrior,
     pub price: Price,
+    /// Set when the pool's endpoints publish vLLM KV events.
+    pub kv_events: Option<KvEvents>,
+}
+
+/// Where a pool's endpoints publish vLLM KV events, and the tokenizer contract that matches
+/// prompts against the blocks they report (see `kinference_proxy_signals::tokenizer`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvEvents {
+    pub port: KvEventsPort,
+    pub topic: String,
+    pub tokenizer: String,
+}
+
+/// The publisher's port on an endpoint's IP.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum KvEventsPort {
+    Absolute(u16),
+    /// Added to the endpoint's serving port.
+    Offset(i32),
+}
+
+impl KvEvents {
+    fn from_proto(k: &api::KvEvents) -> Option<Self> {
+        use api::kv_events::Port;
+        let port = match k.port? {
+            Port::Absolute(p) => KvEventsPort::Absolute(u16::try_from(p).ok().filter(|p| *p > 0)?),
+            Port::Offset(o) => KvEventsPort::Offset(o),
+        };
+        Some(Self {
+            port,
+            topic: k.topic.clone(),
+            tokenizer: k.tokenizer.clone(),
+        })
+    }
+
+    /// The ZMQ address of `endpoint`'s publisher (`tcp://IP:PORT`), `None` when an offset
+    /// leaves the port range.
+    pub fn publisher(&self, endpoint: std::net::SocketAddr) -> Option<String> {
+        let port = match self.port {
+            KvEventsPort::Absolute(p) => p,
+            KvEventsPort::Offset(o) => u16::try_from(i64::from(endpoint.port()) + i64::from(o))
+                .ok()
+                .filter(|p| *p > 0)?,
+        };
+        Some(format!(
+            "tcp://{}",
+            std::net::SocketAddr::new(endpoint.ip(), port)
+        ))
+    }
 }
 
 /// A parsed inference policy.
@@ -231,6 +280,9 @@ fn model_from_proto(m: &api::Model) -> Model {
             .unwrap_or_default(),
         prior,
         price,
+        kv_events: backend
+            .and_then(|b| b.kv_events.as_ref())
+            .and_then(KvEvents::from_proto),
     }
 }
 
@@ -283,6 +335,7 @@ pub(crate) mod tests {
                     port: 0,
                 }),
                 destination_path: format!("{name}.default.inferencepool.kinference.io"),
+                kv_events: None,
             }),
             prior: Some(api::Prior {
                 prefill_tokens_per_second: tps,
@@ -360,6 +413,40 @@ pub(crate) mod tests {
                 .map(|m| m.name.as_str()),
             Some("qwen-3.6-27b")
         );
+    }
+
+    #[test]
+    fn kv_events_map_to_publisher_addresses() {
+        use api::kv_events::Port;
+        let mut proto = example_proto();
+        let backend = |p: &mut api::InferencePolicy, i: usize, port| {
+            p.models[i].backend.as_mut().unwrap().kv_events = Some(api::KvEvents {
+                port,
+                topic: "kv".into(),
+                tokenizer: "kinference-sim".into(),
+            });
+        };
+        backend(&mut proto, 0, Some(Port::Offset(1000)));
+        backend(&mut proto, 1, Some(Port::Absolute(5557)));
+        let p = Policy::from_proto(&proto);
+        let ep: std::net::SocketAddr = "10.0.0.7:8001".parse().unwrap();
+        let glm = p.model("glm-5.3").unwrap().kv_events.clone().unwrap();
+        assert_eq!(glm.publisher(ep).as_deref(), Some("tcp://10.0.0.7:9001"));
+        assert_eq!(
+            (glm.topic.as_str(), glm.tokenizer.as_str()),
+            ("kv", "kinference-sim")
+        );
+        let qwen = p.model("qwen-3.6-27b").unwrap().kv_events.clone().unwrap();
+        assert_eq!(qwen.publisher(ep).as_deref(), Some("tcp://10.0.0.7:5557"));
+        let v6: std::net::SocketAddr = "[fd00::7]:8001".parse().unwrap();
+        assert_eq!(qwen.publisher(v6).as_deref(), Some("tcp://[fd00::7]:5557"));
+        // Out of range, or no port: off.
+        backend(&mut proto, 0, Some(Port::Offset(70_000)));
+        backend(&mut proto, 1, None);
+        let p = Policy::from_proto(&proto);
+        let glm = p.model("glm-5.3").unwrap().kv_events.clone().unwrap();
+        assert_eq!(glm.publisher(ep), None);
+        assert_eq!(p.model("qwen-3.6-27b").unwrap().kv_events, None);
     }
 
     #[test]

@@ -1,16 +1,25 @@
-//! Endpoint signals: one scraper per endpoint, feeding the balancer.
+//! Endpoint signals: one scraper per endpoint, and one KV-event subscriber per endpoint whose pool
+//! publishes them, feeding the balancer.
 //!
 //! The TTFT prediction needs each endpoint's queue, running batch, KV-cache usage and cache
 //! configuration, fresh. A task per endpoint scrapes its `/metrics` on an interval (each scrape
 //! within a timeout) and hands the result, stamped with the time it was taken, to the router. The
 //! set of tasks follows the endpoint set; a failed scrape is counted and simply leaves the signals
 //! to age, which is what makes the balancer fall back.
+//!
+//! Where the policy says a pool's endpoints publish vLLM KV events, a second task per endpoint
+//! subscribes to its ZMQ publisher and applies each batch to the router's precise prefix index.
+//! A lost batch (a sequence gap, an undecodable message) clears that endpoint's mirror: an index
+//! that under-states what is cached costs a missed hit, one that over-states it sends prompts to
+//! an endpoint that must prefill them after all.
 
 use crate::{
-    balance::{Balance, EndpointInfo},
-    metrics::{Metrics, PoolLabels},
+    balance::{Balance, EndpointInfo, KvSubscription},
+    metrics::{KvErrorLabels, Metrics, PoolLabels},
 };
-use kinference_proxy_signals::{Scraper, VllmMetrics};
+use kinference_proxy_signals::{
+    KvEventError, KvEventsConfig, Scraper, VllmMetrics, subscribe_kv_events_with,
+};
 use kinference_routing::{
     EndpointId, Scrape,
     endpoint::{CacheConfig, PrefixCacheCounters},
@@ -63,7 +72,7 @@ pub fn spawn(
     tokio::spawn(async move {
         let scraper = Scraper::new(timeout);
         let mut rx = balance.subscribe();
-        let mut tasks: HashMap<EndpointId, (EndpointInfo, JoinHandle<()>)> = HashMap::new();
+        let mut tasks: HashMap<EndpointId, (EndpointInfo, Tasks)> = HashMap::new();
         loop {
             let current = rx.borrow_and_update().clone();
             tasks.retain(|id, (info, task)| {
@@ -77,13 +86,18 @@ pub fn spawn(
                 if tasks.contains_key(&e.id) {
                     continue;
                 }
-                let task = tokio::spawn(scrape_loop(
-                    balance.clone(),
-                    metrics.clone(),
-                    scraper.clone(),
-                    e.clone(),
-                    interval,
-                ));
+                let task = Tasks {
+                    scrape: tokio::spawn(scrape_loop(
+                        balance.clone(),
+                        metrics.clone(),
+                        scraper.clone(),
+                        e.clone(),
+                        interval,
+                    )),
+                    kv_events: e.kv_events.clone().map(|sub| {
+                        tokio::spawn(kv_loop(balance.clone(), metrics.clone(), e.clone(), sub))
+                    }),
+                };
                 tasks.insert(e.id.clone(), (e.clone(), task));
             }
             if rx.changed().await.is_err() {
@@ -94,6 +108,66 @@ pub fn spawn(
             }
         }
     })
+}
+
+/// The signal tasks of one endpoint.
+#[derive(Debug)]
+struct Tasks {
+    scrape: JoinHandle<()>,
+    kv_events: Option<JoinHandle<()>>,
+}
+
+impl Tasks {
+    fn abort(&self) {
+        self.scrape.abort();
+        if let Some(t) = &self.kv_events {
+            t.abort();
+        }
+    }
+}
+
+/// Applies one endpoint's KV events until aborted (dropping the receiver stops the subscriber).
+async fn kv_loop(
+    balance: Arc<Balance>,
+    metrics: Metrics,
+    endpoint: EndpointInfo,
+    sub: KvSubscription,
+) {
+    let labels = PoolLabels {
+        pool: endpoint.pool.clone(),
+        model: endpoint.model.clone(),
+    };
+    let mut rx = subscribe_kv_events_with(KvEventsConfig::new(sub.publisher.clone(), sub.topic));
+    tracing::debug!(endpoint = %endpoint.id, publisher = %sub.publisher, "subscribing to KV events");
+    while let Some(item) = rx.recv().await {
+        match item {
+            Ok(events) => {
+                metrics.kv_event_batches.get_or_create(&labels).inc();
+                balance.apply_kv_events(&endpoint.id, &events);
+            }
+            Err(error) => {
+                metrics
+                    .kv_event_errors
+                    .get_or_create(&KvErrorLabels {
+                        pool: labels.pool.clone(),
+                        model: labels.model.clone(),
+                        reason: kv_error_reason(&error).into(),
+                    })
+                    .inc();
+                tracing::debug!(endpoint = %endpoint.id, %error, "KV event stream");
+                balance.kv_events_failed(&endpoint.id, &error);
+            }
+        }
+    }
+}
+
+fn kv_error_reason(e: &KvEventError) -> &'static str {
+    match e {
+        KvEventError::Connect { .. } => "connect",
+        KvEventError::Recv { .. } => "recv",
+        KvEventError::SequenceGap { .. } => "sequence_gap",
+        KvEventError::Decode { .. } => "decode",
+    }
 }
 
 async fn scrape_loop(

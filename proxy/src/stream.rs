@@ -198,6 +198,12 @@ where
                 if let Some(data) = frame.data_ref() {
                     this.observe(data, Instant::now());
                 }
+                // A body of known length is over with its last byte: the server stops polling
+                // and drops it there, which must not read as the client going away.
+                if this.inner.is_end_stream() {
+                    this.done = true;
+                    this.finish();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
@@ -352,6 +358,24 @@ mod tests {
             let s = seen.lock();
             assert_eq!(s.first, 0, "no TTFT from a non-stream body");
             assert_eq!(s.end.as_ref().unwrap().usage.unwrap().prompt_tokens, 3);
+        }
+        // A body of known length is complete after its last frame even if it is never polled
+        // for its end (hyper stops at content-length).
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let full = http_body_util::Full::new(Bytes::from_static(
+            b"{\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}",
+        ))
+        .map_err(|e| match e {});
+        let mut b = ObservedBody::new(full, false, Box::new(Rec(seen.clone())));
+        assert!(b.frame().await.unwrap().unwrap().is_data());
+        assert!(b.is_end_stream());
+        drop(b);
+        {
+            let s = seen.lock();
+            assert_eq!(s.ends, 1);
+            let end = s.end.as_ref().unwrap();
+            assert!(!end.cancelled, "{end:?}");
+            assert_eq!(end.usage.unwrap().completion_tokens, 1);
         }
         let seen = Arc::new(Mutex::new(Seen::default()));
         let b = ObservedBody::new(body(vec![data("x")]), true, Box::new(Rec(seen.clone())));

@@ -54,6 +54,89 @@ pub struct Model {
     pub pool: PoolRef,
     pub prior: Prior,
     pub price: Price,
+    /// Set when the pool's endpoints publish vLLM KV events.
+    pub kv_events: Option<KvEvents>,
+}
+
+/// Where a pool's endpoints publish vLLM KV events, from the InferencePool's annotations
+/// (see [`KvEvents::from_annotations`]). The upstream InferencePool has no field for it, and
+/// the setting is a fact about how the pool's servers run, so it lives on the pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvEvents {
+    pub port: KvEventsPort,
+    /// The ZMQ topic prefix (vLLM's `topic`; empty subscribes to all).
+    pub topic: String,
+    /// The tokenizer and block-hash scheme of the pool's servers, by name.
+    pub tokenizer: String,
+}
+
+/// The publisher's port on an endpoint's IP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvEventsPort {
+    /// The same port on every endpoint.
+    Absolute(u16),
+    /// The endpoint's serving port plus this.
+    Offset(i32),
+}
+
+impl KvEvents {
+    /// `kinference.io/kv-events-port`: `5557` (that port on every endpoint) or `+1000` /
+    /// `-1000` (relative to each endpoint's serving port). Its presence turns KV events on.
+    pub const PORT_ANNOTATION: &'static str = "kinference.io/kv-events-port";
+    /// `kinference.io/kv-events-topic`: the topic prefix; empty (all topics) by default.
+    pub const TOPIC_ANNOTATION: &'static str = "kinference.io/kv-events-topic";
+    /// `kinference.io/kv-events-tokenizer`: how prompts are tokenized and blocks hashed on the
+    /// pool's servers (`kinference-sim` for the simulator). Required: without it a proxy could
+    /// not match prompts against the reported blocks.
+    pub const TOKENIZER_ANNOTATION: &'static str = "kinference.io/kv-events-tokenizer";
+
+    /// Reads a pool's annotations: `Ok(None)` when KV events are off (no port annotation),
+    /// `Err` with a message naming the annotation when a value is malformed.
+    pub fn from_annotations(
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<Option<Self>, String> {
+        let Some(port) = annotations.get(Self::PORT_ANNOTATION) else {
+            return Ok(None);
+        };
+        let port = port.trim();
+        let bad = || {
+            format!(
+                "annotation {}: {port:?} is not a port (1-65535) or a signed offset (+N, -N)",
+                Self::PORT_ANNOTATION
+            )
+        };
+        let port = if port.starts_with('+') || port.starts_with('-') {
+            let offset: i32 = port.parse().map_err(|_| bad())?;
+            if offset == 0 || offset.unsigned_abs() > u32::from(u16::MAX) {
+                return Err(bad());
+            }
+            KvEventsPort::Offset(offset)
+        } else {
+            match port.parse::<u16>() {
+                Ok(p) if p > 0 => KvEventsPort::Absolute(p),
+                _ => return Err(bad()),
+            }
+        };
+        let tokenizer = annotations
+            .get(Self::TOKENIZER_ANNOTATION)
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                format!(
+                    "annotation {} is required with {}",
+                    Self::TOKENIZER_ANNOTATION,
+                    Self::PORT_ANNOTATION
+                )
+            })?;
+        Ok(Some(Self {
+            port,
+            topic: annotations
+                .get(Self::TOPIC_ANNOTATION)
+                .cloned()
+                .unwrap_or_default(),
+            tokenizer,
+        }))
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -198,4 +281,51 @@ pub trait DiscoverInferencePolicy {
         &self,
         target: &ParentTarget,
     ) -> Option<watch::Receiver<InferencePolicyState>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn kv_events_from_pool_annotations() {
+        assert_eq!(KvEvents::from_annotations(&BTreeMap::new()), Ok(None));
+        let on = KvEvents::from_annotations(&annotations(&[
+            (KvEvents::PORT_ANNOTATION, "5557"),
+            (KvEvents::TOPIC_ANNOTATION, "kv"),
+            (KvEvents::TOKENIZER_ANNOTATION, "kinference-sim"),
+        ]));
+        assert_eq!(
+            on,
+            Ok(Some(KvEvents {
+                port: KvEventsPort::Absolute(5557),
+                topic: "kv".into(),
+                tokenizer: "kinference-sim".into(),
+            }))
+        );
+        let relative = KvEvents::from_annotations(&annotations(&[
+            (KvEvents::PORT_ANNOTATION, "+1000"),
+            (KvEvents::TOKENIZER_ANNOTATION, "kinference-sim"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(relative.port, KvEventsPort::Offset(1000));
+        assert_eq!(relative.topic, "");
+        for bad in ["0", "70000", "abc", "+0", "+70000", ""] {
+            let e = KvEvents::from_annotations(&annotations(&[
+                (KvEvents::PORT_ANNOTATION, bad),
+                (KvEvents::TOKENIZER_ANNOTATION, "kinference-sim"),
+            ]));
+            assert!(e.is_err(), "{bad:?} accepted");
+        }
+        let e = KvEvents::from_annotations(&annotations(&[(KvEvents::PORT_ANNOTATION, "5557")]));
+        assert!(e.unwrap_err().contains(KvEvents::TOKENIZER_ANNOTATION));
+    }
 }

@@ -178,6 +178,7 @@ fn model(m: &core::Model) -> api::Model {
         backend: Some(api::Backend {
             pool: Some(resource(&m.pool.resource())),
             destination_path: m.pool.destination_path(),
+            kv_events: m.kv_events.as_ref().map(kv_events),
         }),
         prior: Some(api::Prior {
             prefill_tokens_per_second: m.prior.prefill_tokens_per_second,
@@ -189,6 +190,17 @@ fn model(m: &core::Model) -> api::Model {
             completion_usd_per_million_tokens: m.price.completion_per_million_tokens,
             currency: m.price.currency.clone(),
         }),
+    }
+}
+
+fn kv_events(k: &core::KvEvents) -> api::KvEvents {
+    api::KvEvents {
+        port: Some(match k.port {
+            core::KvEventsPort::Absolute(p) => api::kv_events::Port::Absolute(u32::from(p)),
+            core::KvEventsPort::Offset(o) => api::kv_events::Port::Offset(o),
+        }),
+        topic: k.topic.clone(),
+        tokenizer: k.tokenizer.clone(),
     }
 }
 
@@ -350,6 +362,11 @@ mod tests {
                     completion_per_million_tokens: 0.6,
                     currency: "EUR".into(),
                 },
+                kv_events: Some(core::KvEvents {
+                    port: core::KvEventsPort::Offset(1000),
+                    topic: "kv".into(),
+                    tokenizer: "kinference-sim".into(),
+                }),
             }],
             aliases: vec![],
             rules: vec![Rule {
@@ -411,6 +428,12 @@ mod tests {
         assert_eq!(m.served_name, "Qwen/Qwen3.6-27B");
         let backend = m.backend.as_ref().unwrap();
         assert_eq!(backend.destination_path, pool.destination_path());
+        let kv = backend.kv_events.as_ref().unwrap();
+        assert_eq!(kv.port, Some(api::kv_events::Port::Offset(1000)));
+        assert_eq!(
+            (kv.topic.as_str(), kv.tokenizer.as_str()),
+            ("kv", "kinference-sim")
+        );
         assert_eq!(
             backend.pool.as_ref().unwrap().group,
             "inference.networking.k8s.io"

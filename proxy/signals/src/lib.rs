@@ -4,16 +4,19 @@
 //! KV-cache usage (scraped from Prometheus text) and, in precise mode, the blocks its prefix cache
 //! holds (from KV events over ZMQ). This crate turns those wire formats into the routing core's
 //! inputs, tolerating the metric renames across vLLM versions, and reports every failure as a typed
-//! error so the caller can age or clear that endpoint's signals.
+//! error so the caller can age or clear that endpoint's signals. [`tokenizer`] computes a prompt's
+//! block hashes in a pool's own hash space, so the blocks KV events report can be matched.
 
 #![forbid(unsafe_code)]
 
 pub mod kv_events;
 pub mod metrics;
 pub mod scrape;
+pub mod tokenizer;
 
 pub use self::{
     kv_events::{KvEventError, KvEventsConfig, subscribe_kv_events, subscribe_kv_events_with},
     metrics::{ParseError, VllmMetrics, parse_vllm_metrics},
     scrape::{ScrapeError, Scraper},
+    tokenizer::{PromptRef, Tokenizer},
 };

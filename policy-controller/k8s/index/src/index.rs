@@ -293,8 +293,16 @@ impl Index {
             Resource::InferencePool(r) => {
                 // Routes and policies use a pool's name, not its spec: only its
                 // appearing changes them. Its endpoints follow its spec.
-                if !s.pools.contains_key(&id) {
-                    s.affect_pool_existence(&id, &mut affected);
+                match s.pools.get(&id) {
+                    None => s.affect_pool_existence(&id, &mut affected),
+                    // Its KV-event annotations travel in the policies that name it.
+                    Some(old)
+                        if inference::pool_kv_events(old) != inference::pool_kv_events(&r) =>
+                    {
+                        affected.policy_namespaces.insert(key.namespace.clone());
+                        affected.pools_changed.insert(id.clone());
+                    }
+                    Some(_) => {}
                 }
                 affected.pool_namespaces.insert(key.namespace);
                 s.pools.insert(id, *r);

@@ -12,15 +12,15 @@ use crate::{
     outbound::attached_routes,
 };
 use kinference_api::{
-    InferenceClassifier, InferencePolicy as PolicyResource, ValidationErrors,
+    InferenceClassifier, InferencePolicy as PolicyResource, InferencePool, ValidationErrors,
     classifier::TagSource,
     policy::{self as api, BalancerMode, FailureMode},
 };
 use kinference_policy_core::{
     InferencePolicy, InferencePolicyState, ParentTarget, PoolRef, ResourceRef,
     inference::{
-        self as core, Alias, Balancer, Classifier, ClassifierKind, ClassifierTag, LabelExpression,
-        Model, Price, Prior, Rule, RuleAction,
+        self as core, Alias, Balancer, Classifier, ClassifierKind, ClassifierTag, KvEvents,
+        LabelExpression, Model, Price, Prior, Rule, RuleAction,
     },
 };
 use std::{
@@ -119,7 +119,19 @@ fn validate(
         return (validation, None, None);
     }
     // The parent is filled in by the caller.
-    match translate(ResourceRef::default(), source.clone(), resource, classifier) {
+    let kv_events = |pool: &str| {
+        store
+            .pools
+            .get(&(ns.clone(), pool.to_string()))
+            .and_then(pool_kv_events)
+    };
+    match translate(
+        ResourceRef::default(),
+        source.clone(),
+        resource,
+        classifier,
+        &kv_events,
+    ) {
         Ok(policy) => (validation, Some(policy), Some(source)),
         Err(message) => {
             validation.translation = Some(message);
@@ -236,12 +248,21 @@ fn revision(policy: &PolicyResource, classifier: Option<&InferenceClassifier>) -
     format!("{:016x}", h.finish())
 }
 
+/// The KV-event setting of a pool, from its annotations. A malformed value turns KV events
+/// off for the pool: its proxies keep the approximate prefix index, which is always safe.
+pub(crate) fn pool_kv_events(pool: &InferencePool) -> Option<KvEvents> {
+    let annotations = pool.metadata.annotations.as_ref()?;
+    KvEvents::from_annotations(annotations).ok().flatten()
+}
+
 /// Translates a validated policy. Errors here are ones validation should have caught.
+/// `kv_events` gives the KV-event setting of a pool of the policy's namespace, by name.
 pub(crate) fn translate(
     parent: ResourceRef,
     source: ResourceRef,
     resource: &PolicyResource,
     classifier: Option<&InferenceClassifier>,
+    kv_events: &dyn Fn(&str) -> Option<KvEvents>,
 ) -> Result<InferencePolicy, String> {
     let ns = &source.namespace.clone();
     let spec = &resource.spec;
@@ -282,7 +303,11 @@ pub(crate) fn translate(
         classifier_sources: classifiers.iter().map(|c| c.source.clone()).collect(),
         source,
         revision: revision(resource, classifier),
-        models: spec.models.iter().map(|m| model(ns, m)).collect(),
+        models: spec
+            .models
+            .iter()
+            .map(|m| model(ns, m, kv_events(&m.pool_ref.name)))
+            .collect(),
         aliases: spec
             .aliases
             .iter()
@@ -297,7 +322,7 @@ pub(crate) fn translate(
     })
 }
 
-fn model(ns: &str, m: &api::Model) -> Model {
+fn model(ns: &str, m: &api::Model, kv_events: Option<KvEvents>) -> Model {
     Model {
         name: m.name.clone(),
         served_name: m.served_name().to_string(),
@@ -316,6 +341,7 @@ fn model(ns: &str, m: &api::Model) -> Model {
                 currency: p.currency().to_string(),
             })
             .unwrap_or_default(),
+        kv_events,
     }
 }
 

@@ -63,6 +63,7 @@ pub fn model(name: &str, path: &str) -> inf::Model {
         backend: Some(inf::Backend {
             pool: None,
             destination_path: path.into(),
+            kv_events: None,
         }),
         ..Default::default()
     }

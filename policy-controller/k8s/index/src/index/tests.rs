@@ -916,3 +916,44 @@ fn complexity_thresholds_left_out_are_served_unset() {
         ClassifierKind::Complexity { thresholds: None }
     );
 }
+
+#[test]
+fn pool_kv_event_annotations_reach_the_policy_and_republish_it() {
+    use kinference_policy_core::inference::{KvEvents, KvEventsPort};
+    let index = scenario();
+    let mut inference = index.watch_inference_policy(&target("llm", 8000)).unwrap();
+    let kv = |rx: &tokio::sync::watch::Receiver<InferencePolicyState>, model: &str| {
+        rx.borrow()
+            .policy()
+            .and_then(|p| p.models.iter().find(|m| m.name == model).cloned())
+            .map(|m| m.kv_events)
+    };
+    assert_eq!(kv(&inference, "glm-5.3"), Some(None));
+    inference.mark_unchanged();
+    let annotated = POOLS.replace(
+        "metadata: {name: glm-5.3}",
+        "metadata:\n  name: glm-5.3\n  annotations: {kinference.io/kv-events-port: '+1000', \
+         kinference.io/kv-events-topic: kv, kinference.io/kv-events-tokenizer: kinference-sim}",
+    );
+    apply_yaml(&mut index.write(), &annotated);
+    assert!(
+        inference.has_changed().unwrap(),
+        "an annotation change republishes the policy"
+    );
+    assert_eq!(
+        kv(&inference, "glm-5.3"),
+        Some(Some(KvEvents {
+            port: KvEventsPort::Offset(1000),
+            topic: "kv".into(),
+            tokenizer: "kinference-sim".into(),
+        }))
+    );
+    assert_eq!(kv(&inference, "qwen-3.6-27b"), Some(None));
+    // Applying the same pool again changes nothing; a malformed port turns KV events off.
+    inference.mark_unchanged();
+    apply_yaml(&mut index.write(), &annotated);
+    assert!(!inference.has_changed().unwrap());
+    apply_yaml(&mut index.write(), &annotated.replace("'+1000'", "'+0'"));
+    assert!(inference.has_changed().unwrap());
+    assert_eq!(kv(&inference, "glm-5.3"), Some(None));
+}

@@ -1,0 +1,343 @@
+//! The proxy's signals over real processes: vLLM KV events from simulated replicas feeding the
+//! precise prefix index, and first-token feedback from non-stream responses.
+//!
+//! Two `vllm-sim` replicas of glm-5.3 publish KV events on their serving port + 1; the
+//! controller serves the example policy with the glm-5.3 InferencePool annotated
+//! `kinference.io/kv-events-port: "+1"` and `kinference.io/kv-events-tokenizer: kinference-sim`;
+//! the proxy binary subscribes per endpoint. Binaries come from the Cargo target directory, as in
+//! `e2e.rs`. Every wait is a bounded poll for a condition.
+
+use kinference_proxy::local::{self, Proc};
+use kinference_proxy_signals::{PromptRef, Tokenizer};
+use serde_json::{Value, json};
+use std::{
+    collections::BTreeMap,
+    future::Future,
+    net::{SocketAddr, TcpListener},
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+const PROXY: &str = env!("CARGO_BIN_EXE_kinference-proxy");
+const MODEL: &str = "glm-5.3";
+
+/// A free port `p` whose `p + 1` is free too (the simulator's KV-event port).
+fn free_port_pair() -> u16 {
+    for _ in 0..100 {
+        let a = TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = a.local_addr().unwrap().port();
+        if p < u16::MAX && TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no pair of free ports");
+}
+
+struct Sim {
+    addr: SocketAddr,
+    _proc: Proc,
+}
+
+fn spawn_sim() -> Sim {
+    let bin = local::workspace_binary("kinference-vllm-sim", "vllm-sim").unwrap();
+    let port = free_port_pair();
+    let mut cmd = Command::new(bin);
+    cmd.args(["serve", "--profile", MODEL, "--port", &port.to_string()])
+        .args(["--kv-events-endpoint", &format!("tcp://*:{}", port + 1)]);
+    let (proc, line) =
+        Proc::spawn(MODEL, cmd, "listening on ", Duration::from_secs(60), true).unwrap();
+    assert!(line.contains(&format!(":{port}")), "{line}");
+    Sim {
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        _proc: proc,
+    }
+}
+
+/// Adds the KV-event annotations to the glm-5.3 pool of the rewritten manifests.
+fn annotate_pool(dir: &Path) {
+    let path = dir.join("inferencepools.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut out = String::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let mut v: serde_yaml::Value = serde::Deserialize::deserialize(doc).unwrap();
+        if v.is_null() {
+            continue;
+        }
+        if v["metadata"]["name"] == MODEL {
+            let mut a = serde_yaml::Mapping::new();
+            a.insert("kinference.io/kv-events-port".into(), "+1".into());
+            a.insert(
+                "kinference.io/kv-events-tokenizer".into(),
+                "kinference-sim".into(),
+            );
+            v["metadata"]["annotations"] = serde_yaml::Value::Mapping(a);
+        }
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&v).unwrap());
+    }
+    assert!(out.contains("kv-events-port"), "{out}");
+    std::fs::write(&path, out).unwrap();
+}
+
+struct Env {
+    http: reqwest::Client,
+    base: String,
+    admin: String,
+    sims: Vec<Sim>,
+    _proxy: local::Proxy,
+    _controller: local::Controller,
+    _manifests: tempfile::TempDir,
+}
+
+async fn start() -> Env {
+    let (sims, manifests, controller, proxy) = tokio::task::spawn_blocking(|| {
+        let sims = vec![spawn_sim(), spawn_sim()];
+        let ports = BTreeMap::from([(
+            MODEL.to_string(),
+            sims.iter().map(|s| s.addr.port()).collect::<Vec<_>>(),
+        )]);
+        let manifests = tempfile::tempdir().unwrap();
+        local::write_manifests(
+            &local::workspace_root().join("examples"),
+            manifests.path(),
+            &ports,
+            &|_| {},
+        )
+        .unwrap();
+        annotate_pool(manifests.path());
+        let controller = local::spawn_controller(
+            manifests.path(),
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            true,
+        )
+        .unwrap();
+        let proxy = local::spawn_proxy(Path::new(PROXY), controller.grpc, &[], true).unwrap();
+        (sims, manifests, controller, proxy)
+    })
+    .await
+    .unwrap();
+    Env {
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap(),
+        base: format!("http://{}", proxy.listen),
+        admin: format!("http://{}", proxy.admin),
+        sims,
+        _proxy: proxy,
+        _controller: controller,
+        _manifests: manifests,
+    }
+}
+
+async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Env {
+    async fn get(&self, path: &str) -> Value {
+        self.http
+            .get(format!("{}{path}", self.admin))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    async fn endpoint(&self, id: &str) -> Value {
+        self.get("/debug/endpoints").await["endpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["endpoint"] == id)
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    async fn decision(&self, request_id: &str) -> Value {
+        self.get(&format!("/debug/decisions?request_id={request_id}"))
+            .await
+            .get(0)
+            .cloned()
+            .unwrap_or_else(|| panic!("no decision record for {request_id}"))
+    }
+
+    /// A non-stream chat request through the proxy: (served endpoint, body).
+    async fn chat(&self, content: &str, id: &str) -> (String, Value) {
+        let rsp = self
+            .http
+            .post(format!("{}/v1/chat/completions", self.base))
+            .header("x-request-id", id)
+            .json(&json!({
+                "model": MODEL,
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": 2,
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(rsp.status(), 200);
+        let served = rsp
+            .headers()
+            .get("x-kinference-endpoint")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        (served, rsp.json().await.unwrap())
+    }
+}
+
+fn chosen(record: &Value) -> &Value {
+    let d = &record["decision"];
+    &d["candidates"][d["chosen"].as_u64().expect("a chosen candidate") as usize]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predictor() {
+    let env = start().await;
+    let ids: Vec<String> = env.sims.iter().map(|s| s.addr.to_string()).collect();
+
+    // Both endpoints discovered with their publishers, and fresh signals.
+    for (id, sim) in ids.iter().zip(&env.sims) {
+        wait_until(
+            "the endpoint with its KV-event publisher and fresh signals",
+            Duration::from_secs(30),
+            || async {
+                let e = env.endpoint(id).await;
+                (e["ready"] == true && !e["signals"]["num_requests_waiting"].is_null())
+                    .then_some(())?;
+                let kv = &e["kv_events"];
+                assert_eq!(
+                    kv["publisher"],
+                    format!("tcp://127.0.0.1:{}", sim.addr.port() + 1)
+                );
+                assert_eq!(kv["tokenizer"], "kinference-sim");
+                Some(())
+            },
+        )
+        .await;
+    }
+    // A subscriber joins a publisher some time after connecting: until a batch has arrived from
+    // each, warm-up requests straight to the replica (bypassing the proxy) make the replica
+    // publish.
+    for (n, (id, sim)) in ids.iter().zip(&env.sims).enumerate() {
+        wait_until(
+            "a KV-event batch from each replica",
+            Duration::from_secs(30),
+            || async {
+                let e = env.endpoint(id).await;
+                if e["kv_events"]["batches"].as_u64().unwrap_or(0) > 0 {
+                    return Some(());
+                }
+                let _ = env
+                    .http
+                    .post(format!("http://{}/v1/completions", sim.addr))
+                    .json(&json!({
+                        "model": MODEL,
+                        "prompt": format!("warm-up {n} {}", "some words to fill a block ".repeat(8)),
+                        "max_tokens": 1,
+                    }))
+                    .send()
+                    .await;
+                None
+            },
+        )
+        .await;
+    }
+    for id in &ids {
+        let e = env.endpoint(id).await;
+        assert_eq!(e["estimated_first_tokens"], 0, "{e}");
+        assert!(e["ttft_peak_ewma_s"].is_null(), "{e}");
+    }
+
+    // A long prompt, non-stream, through the proxy.
+    let prompt = format!(
+        "{}\nQuestion: which clause governs renewals?",
+        "Here is the shared contract under review, clause by clause. ".repeat(120)
+    );
+    let t = Tokenizer::KinferenceSim;
+    let turns = [("user", prompt.as_str())];
+    let prompt_blocks = t.block_hashes(&t.tokens(PromptRef::Chat(&turns)), 16).len() as u64;
+    assert!(prompt_blocks > 50, "{prompt_blocks}");
+    let (holder, body) = env.chat(&prompt, "kv-0").await;
+    assert!(ids.contains(&holder), "{holder}");
+    let usage_prompt = body["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(
+        usage_prompt / 16,
+        prompt_blocks,
+        "the proxy hashes as many blocks as the server fills"
+    );
+
+    // The holder's events arrive: its precise index holds at least the prompt's blocks.
+    let e = wait_until(
+        "the holder's precise index holds the prompt's blocks",
+        Duration::from_secs(20),
+        || async {
+            let e = env.endpoint(&holder).await;
+            (e["kv_events"]["blocks_held"].as_u64().unwrap_or(0) >= prompt_blocks).then_some(e)
+        },
+    )
+    .await;
+    assert_eq!(e["kv_events"]["precise"], true, "{e}");
+
+    // The non-stream answer fed the predictor: an estimated first token, and a TTFT peak-EWMA on
+    // an endpoint that never served a stream.
+    assert_eq!(e["estimated_first_tokens"], 1, "{e}");
+    assert!(e["ttft_peak_ewma_s"].as_f64().unwrap() > 0.0, "{e}");
+
+    // The repeat goes to the holder, and its decision shows the precise overlap.
+    let (served, _) = env.chat(&prompt, "kv-1").await;
+    assert_eq!(served, holder);
+    let record = env.decision("kv-1").await;
+    let w = chosen(&record);
+    assert_eq!(w["endpoint"], holder.as_str(), "{record}");
+    assert_eq!(w["prediction"]["prefix_source"], "precise", "{record}");
+    // Every block is held; the prediction caps the cached part at the proxy's own estimate of
+    // the prompt's size (it has no tokenizer for that) less the token always computed again.
+    let cached = w["prediction"]["cached_tokens"].as_u64().unwrap();
+    let estimated = w["prediction"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(cached, (prompt_blocks * 16).min(estimated - 1), "{record}");
+    let other = record["decision"]["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["endpoint"] != holder.as_str())
+        .expect("the other replica is a candidate");
+    assert_eq!(other["prediction"]["prefix_source"], "precise", "{record}");
+    assert_eq!(other["prediction"]["cached_tokens"], 0, "{record}");
+    assert!(
+        other["prediction"]["predicted_ttft_s"].as_f64().unwrap()
+            > w["prediction"]["predicted_ttft_s"].as_f64().unwrap(),
+        "{record}"
+    );
+
+    // The proxy counted the batches it applied.
+    let metrics = env
+        .http
+        .get(format!("{}/metrics", env.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .contains(r#"kinference_proxy_kv_event_batches_total{pool="glm-5.3",model="glm-5.3"}"#),
+        "{metrics}"
+    );
+}
