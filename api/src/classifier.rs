@@ -2,15 +2,18 @@
 //!
 //! Tags are the context a policy rule needs but a request does not carry: how complex a prompt
 //! is, whether it asks for code, what language it is in. A classifier declares each tag and how
-//! the proxy computes it. The set of ways is an enum so that later forms (semantic exemplars, an
-//! external classifier) are added as new variants without changing the ones already written.
+//! the proxy computes it. The set of ways is an enum, so each form (the built-in complexity model,
+//! keywords, regexes, semantic exemplars, an external classifier) is a variant and a new form is
+//! added without changing the ones already written.
 
-use std::borrow::Cow;
+use std::{borrow::Cow, time::Duration};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::GatewayDuration;
 
 /// The kind of `InferenceClassifier`.
 pub const KIND: &str = "InferenceClassifier";
@@ -55,7 +58,7 @@ pub struct InferenceClassifierSpec {
 }
 
 /// ClassifierTag is one named tag and the way it is computed. Exactly one of complexity,
-/// keywords and regex is set.
+/// keywords, regex, exemplars and external is set.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClassifierTag {
@@ -80,6 +83,10 @@ struct WrittenTag {
     keywords: Option<KeywordsTag>,
     #[serde(default)]
     regex: Option<RegexTag>,
+    #[serde(default)]
+    exemplars: Option<ExemplarsTag>,
+    #[serde(default)]
+    external: Option<ExternalTag>,
 }
 
 impl<'de> Deserialize<'de> for ClassifierTag {
@@ -95,6 +102,12 @@ impl<'de> Deserialize<'de> for ClassifierTag {
         if let Some(r) = written.regex {
             forms.push(TagSource::Regex(r));
         }
+        if let Some(e) = written.exemplars {
+            forms.push(TagSource::Exemplars(e));
+        }
+        if let Some(e) = written.external {
+            forms.push(TagSource::External(e));
+        }
         if forms.len() != 1 {
             let set = forms.iter().map(|f| f.field_name()).collect::<Vec<_>>();
             let set = if set.is_empty() {
@@ -103,7 +116,8 @@ impl<'de> Deserialize<'de> for ClassifierTag {
                 set.join(" and ")
             };
             return Err(serde::de::Error::custom(format!(
-                "tag {:?} must set exactly one of complexity, keywords and regex (it sets {set})",
+                "tag {:?} must set exactly one of complexity, keywords, regex, exemplars and \
+                 external (it sets {set})",
                 written.name
             )));
         }
@@ -128,14 +142,23 @@ pub enum TagSource {
 
     /// Regex tags the prompt "true" when any of the patterns matches, else "false".
     Regex(RegexTag),
+
+    /// Exemplars tags the prompt with the value of its most similar example prompts.
+    Exemplars(ExemplarsTag),
+
+    /// External asks a remote classifier (an HTTP endpoint) for the value, within a time budget,
+    /// and takes the declared fallback when it does not answer in time.
+    External(ExternalTag),
 }
 
 impl TagSource {
     /// The values a tag computed this way can take.
-    pub fn values(&self) -> &'static [&'static str] {
+    pub fn values(&self) -> Vec<&str> {
         match self {
-            Self::Complexity(_) => &COMPLEXITY_VALUES,
-            Self::Keywords(_) | Self::Regex(_) => &MATCH_VALUES,
+            Self::Complexity(_) => COMPLEXITY_VALUES.to_vec(),
+            Self::Keywords(_) | Self::Regex(_) => MATCH_VALUES.to_vec(),
+            Self::Exemplars(e) => e.values.iter().map(|v| v.value.as_str()).collect(),
+            Self::External(e) => e.values.iter().map(String::as_str).collect(),
         }
     }
 
@@ -145,6 +168,8 @@ impl TagSource {
             Self::Complexity(_) => "complexity".into(),
             Self::Keywords(_) => "keywords".into(),
             Self::Regex(_) => "regex".into(),
+            Self::Exemplars(_) => "exemplars".into(),
+            Self::External(_) => "external".into(),
         }
     }
 }
@@ -221,6 +246,118 @@ fn default_weight() -> f64 {
     1.0
 }
 
+/// ExemplarsTag defines a tag by example prompts: a prompt takes the value whose examples are
+/// most similar to it (the k most similar examples vote, weighted by similarity). With the
+/// default static embedding this captures shared wording, not paraphrase.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExemplarsTag {
+    /// Values are the values the tag takes, each with its example prompts; at least one.
+    #[schemars(length(min = 1))]
+    pub values: Vec<ExemplarValue>,
+
+    /// K is how many of the most similar examples vote. Defaults to 3.
+    #[serde(default = "default_k")]
+    #[schemars(range(min = 1, max = 64))]
+    pub k: u32,
+
+    /// MinSimilarity, in [0, 1], is the cosine similarity an example needs to vote; a prompt no
+    /// example is this similar to gets no tag. Defaults to 0.2.
+    #[serde(default = "default_min_similarity")]
+    pub min_similarity: f64,
+
+    /// Embedding is how prompts are embedded: "static" (the default: hashed words and
+    /// character trigrams, microseconds, no model) or "minilm" (the all-MiniLM-L6-v2 sentence
+    /// encoder: sees paraphrase, costs milliseconds per prompt, and needs a proxy built with
+    /// the `minilm` feature and given the model's weights; a proxy without it reports the tag
+    /// unavailable and does not set it).
+    #[serde(default)]
+    pub embedding: Embedding,
+}
+
+/// ExemplarValue is one value of an exemplars tag and the prompts that exemplify it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExemplarValue {
+    /// Value is the tag value, as policy rules match on it.
+    #[schemars(length(min = 1, max = 63))]
+    pub value: String,
+
+    /// Examples are prompts that should take this value; at least one.
+    #[schemars(length(min = 1))]
+    pub examples: Vec<String>,
+}
+
+/// Embedding is the text embedding an exemplars tag compares prompts with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Embedding {
+    /// Hashed words and character trigrams (256 dimensions): microseconds per prompt.
+    #[default]
+    #[serde(rename = "static")]
+    Static,
+    /// all-MiniLM-L6-v2 (384 dimensions): milliseconds per prompt; opt-in.
+    #[serde(rename = "minilm")]
+    MiniLm,
+}
+
+impl Embedding {
+    /// The name as written in a resource.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Static => "static",
+            Self::MiniLm => "minilm",
+        }
+    }
+}
+
+fn default_k() -> u32 {
+    3
+}
+
+fn default_min_similarity() -> f64 {
+    0.2
+}
+
+/// The longest time budget an external classifier may have: it runs before the request is
+/// routed, so its budget is latency every request may pay.
+pub const MAX_EXTERNAL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// ExternalTag asks a remote classifier for the tag: the proxy POSTs
+/// `{"tag": "<name>", "prompt": "<last user turn, capped>"}` as JSON to the URL and expects
+/// `{"value": "<one of values>", "confidence": <0..1>}`. When the answer does not come within
+/// the timeout, or is an error or not one of the values, the tag takes the fallback value with
+/// the fallback confidence: a slow classifier never holds a request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalTag {
+    /// URL of the classifier: http://host[:port]/path.
+    #[schemars(length(min = 1))]
+    pub url: String,
+
+    /// Timeout is the time budget of one call, greater than 0s and at most 1s, in the Gateway
+    /// API's duration format (e.g. "50ms"). Defaults to 50ms.
+    #[serde(default = "default_external_timeout")]
+    pub timeout: GatewayDuration,
+
+    /// Values are the values the classifier may answer; at least one.
+    #[schemars(length(min = 1))]
+    pub values: Vec<String>,
+
+    /// Fallback is the value the tag takes when the classifier does not answer in time or
+    /// answers badly; one of values.
+    #[schemars(length(min = 1))]
+    pub fallback: String,
+
+    /// FallbackConfidence, in [0, 1], is the confidence of the fallback value, so rules that
+    /// demand a confidence can ignore it. Defaults to 0.
+    #[serde(default)]
+    pub fallback_confidence: f64,
+}
+
+fn default_external_timeout() -> GatewayDuration {
+    GatewayDuration::new("50ms")
+}
+
 /// The confidence of a keyword or regex tag when `matched` distinct keywords or patterns match.
 pub fn match_confidence(weight: f64, matched: usize) -> f64 {
     let misses = i32::try_from(matched).unwrap_or(i32::MAX);
@@ -292,7 +429,7 @@ mod tests {
     #[test]
     fn a_tag_without_a_form_or_with_an_unknown_one_is_rejected() {
         assert!(tag(serde_json::json!({"name": "x"})).is_err());
-        assert!(tag(serde_json::json!({"name": "x", "exemplars": {}})).is_err());
+        assert!(tag(serde_json::json!({"name": "x", "embeddings": {}})).is_err());
     }
 
     #[test]
@@ -304,14 +441,67 @@ mod tests {
         }));
         assert_eq!(
             two.unwrap_err().to_string(),
-            "tag \"x\" must set exactly one of complexity, keywords and regex \
-             (it sets complexity and keywords)"
+            "tag \"x\" must set exactly one of complexity, keywords, regex, exemplars and \
+             external (it sets complexity and keywords)"
         );
-        let none = tag(serde_json::json!({"name": "x", "exemplars": {}}));
+        let none = tag(serde_json::json!({"name": "x"}));
         assert_eq!(
             none.unwrap_err().to_string(),
-            "tag \"x\" must set exactly one of complexity, keywords and regex (it sets none)"
+            "tag \"x\" must set exactly one of complexity, keywords, regex, exemplars and \
+             external (it sets none)"
         );
+    }
+
+    #[test]
+    fn exemplars_read_with_defaults_and_write_back() {
+        let json = serde_json::json!({
+            "name": "topic",
+            "exemplars": {"values": [
+                {"value": "billing", "examples": ["charged twice"]},
+                {"value": "outage", "examples": ["503 errors"]},
+            ]},
+        });
+        let parsed = tag(json).unwrap();
+        let TagSource::Exemplars(e) = &parsed.source else {
+            panic!("exemplars")
+        };
+        assert_eq!(
+            (e.k, e.min_similarity, e.embedding),
+            (3, 0.2, Embedding::Static)
+        );
+        assert_eq!(parsed.source.values(), ["billing", "outage"]);
+        let written = serde_json::to_value(&parsed).unwrap();
+        assert_eq!(written["exemplars"]["embedding"], "static");
+        assert_eq!(tag(written).unwrap(), parsed);
+        let minilm = tag(serde_json::json!({
+            "name": "topic",
+            "exemplars": {"embedding": "minilm", "values": [{"value": "a", "examples": ["b"]}]},
+        }))
+        .unwrap();
+        let TagSource::Exemplars(e) = &minilm.source else {
+            panic!("exemplars")
+        };
+        assert_eq!(e.embedding, Embedding::MiniLm);
+    }
+
+    #[test]
+    fn external_reads_with_defaults() {
+        let parsed = tag(serde_json::json!({
+            "name": "domain",
+            "external": {
+                "url": "http://classifier:8000/classify",
+                "values": ["legal", "general"],
+                "fallback": "general",
+            },
+        }))
+        .unwrap();
+        let TagSource::External(e) = &parsed.source else {
+            panic!("external")
+        };
+        assert_eq!(e.timeout.as_str(), "50ms");
+        assert_eq!(e.fallback_confidence, 0.0);
+        assert_eq!(parsed.source.values(), ["legal", "general"]);
+        assert_eq!(parsed.source.field_name(), "external");
     }
 
     #[test]

@@ -131,7 +131,10 @@ fn classifier_crd_is_a_one_of_union() {
         .iter()
         .map(|v| v["required"][0].as_str().unwrap())
         .collect();
-    assert_eq!(one_of, ["complexity", "keywords", "regex"]);
+    assert_eq!(
+        one_of,
+        ["complexity", "keywords", "regex", "exemplars", "external"]
+    );
     for variant in one_of {
         assert_eq!(tag["properties"][variant]["type"], "object", "{variant}");
     }

@@ -142,7 +142,7 @@ async fn classify(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Re
     let set = shared
         .classifiers
         .get(&state.policy.revision, &state.proto.classifiers);
-    let explanation = request.with_classifier_prompt(|p| set.explain(p));
+    let explanation = set.explain(&request).await;
     let tags = explanation.to_tags();
     let candidates = state
         .policy
@@ -153,6 +153,7 @@ async fn classify(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Re
             "model": request.model,
             "explanation": explanation,
             "candidates": candidates,
+            "unavailable": set.unavailable,
         }),
     )
 }

@@ -103,8 +103,9 @@ impl Shared {
         state
     }
 
-    /// The tags of a request's prompt, from the current policy's classifiers.
-    pub fn classify(
+    /// The tags of a request's prompt, from the current policy's classifiers (external ones
+    /// within their budgets).
+    pub async fn classify(
         &self,
         state: &PolicyState,
         req: &InferenceRequest,
@@ -112,7 +113,7 @@ impl Shared {
         let set = self
             .classifiers
             .get(&state.policy.revision, &state.proto.classifiers);
-        req.with_classifier_prompt(|p| set.classify(p))
+        set.tags(req).await
     }
 
     fn answer_error(
@@ -236,7 +237,7 @@ where
         );
     };
     let t0 = Instant::now();
-    let tags = shared.classify(&state, &request);
+    let tags = shared.classify(&state, &request).await;
     let Some(candidates) = state
         .policy
         .candidates(&request.model, &tags, &shared.workload)

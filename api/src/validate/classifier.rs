@@ -1,10 +1,12 @@
-//! Validation of an InferenceClassifier: unique, well-formed tags with sound thresholds, weights
-//! and patterns.
+//! Validation of an InferenceClassifier: unique, well-formed tags with sound thresholds, weights,
+//! patterns, exemplars and external classifiers.
 
-use super::{ErrorKind, Errors, check_name, check_range, check_unique};
+use super::{ErrorKind, Errors, check_name, check_range, check_unique, list};
 use crate::{
     InferenceClassifier,
-    classifier::{ClassifierTag, ComplexityTag, TagSource},
+    classifier::{
+        ClassifierTag, ComplexityTag, ExemplarsTag, ExternalTag, MAX_EXTERNAL_TIMEOUT, TagSource,
+    },
 };
 
 /// The longest tag name.
@@ -142,7 +144,230 @@ fn validate_tag(field: &str, tag: &ClassifierTag, errors: &mut Errors) {
                 Some(1.0),
             );
         }
+        TagSource::Exemplars(exemplars) => {
+            validate_exemplars(&format!("{field}.exemplars"), exemplars, errors);
+        }
+        TagSource::External(external) => {
+            validate_external(&format!("{field}.external"), external, errors);
+        }
     }
+}
+
+/// The most neighbours an exemplars tag may let vote.
+const MAX_K: u32 = 64;
+
+fn validate_exemplars(field: &str, exemplars: &ExemplarsTag, errors: &mut Errors) {
+    if exemplars.values.is_empty() {
+        errors.push(
+            format!("{field}.values"),
+            ErrorKind::Required,
+            "at least one value with example prompts is required",
+        );
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, v) in exemplars.values.iter().enumerate() {
+        let at = format!("{field}.values[{i}]");
+        check_value(errors, &format!("{at}.value"), &v.value);
+        if let Some(first) = seen.iter().position(|s| *s == v.value) {
+            errors.push(
+                format!("{at}.value"),
+                ErrorKind::Duplicate,
+                format!(
+                    "value {:?} is already declared at {field}.values[{first}]; put all its \
+                     examples there",
+                    v.value
+                ),
+            );
+        }
+        seen.push(&v.value);
+        if v.examples.is_empty() {
+            errors.push(
+                format!("{at}.examples"),
+                ErrorKind::Required,
+                format!(
+                    "value {:?} has no example prompts: add at least one",
+                    v.value
+                ),
+            );
+        }
+        for (j, example) in v.examples.iter().enumerate() {
+            if example.trim().is_empty() {
+                errors.push(
+                    format!("{at}.examples[{j}]"),
+                    ErrorKind::Invalid,
+                    "an example prompt must not be empty or only whitespace",
+                );
+            }
+        }
+    }
+    if exemplars.k == 0 || exemplars.k > MAX_K {
+        errors.push(
+            format!("{field}.k"),
+            ErrorKind::Invalid,
+            format!("{} must be in [1, {MAX_K}]", exemplars.k),
+        );
+    }
+    check_range(
+        errors,
+        &format!("{field}.minSimilarity"),
+        exemplars.min_similarity,
+        0.0,
+        false,
+        Some(1.0),
+    );
+}
+
+fn validate_external(field: &str, external: &ExternalTag, errors: &mut Errors) {
+    if let Err(message) = check_url(&external.url) {
+        let kind = if external.url.starts_with("https://") {
+            ErrorKind::NotSupported
+        } else {
+            ErrorKind::Invalid
+        };
+        errors.push(format!("{field}.url"), kind, message);
+    }
+    match external.timeout.parse() {
+        Err(e) => errors.push(
+            format!("{field}.timeout"),
+            ErrorKind::Invalid,
+            e.to_string(),
+        ),
+        Ok(d) if d.is_zero() => errors.push(
+            format!("{field}.timeout"),
+            ErrorKind::Invalid,
+            "must be greater than 0s: with no budget the classifier could never answer",
+        ),
+        Ok(d) if d > MAX_EXTERNAL_TIMEOUT => errors.push(
+            format!("{field}.timeout"),
+            ErrorKind::Invalid,
+            format!(
+                "{} is more than the largest budget, {}ms: the classifier runs before the \
+                 request is routed, so its budget is latency every request may pay",
+                external.timeout,
+                MAX_EXTERNAL_TIMEOUT.as_millis()
+            ),
+        ),
+        Ok(_) => {}
+    }
+    if external.values.is_empty() {
+        errors.push(
+            format!("{field}.values"),
+            ErrorKind::Required,
+            "at least one value is required: the values the classifier may answer",
+        );
+    }
+    for (i, value) in external.values.iter().enumerate() {
+        check_value(errors, &format!("{field}.values[{i}]"), value);
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, value) in external.values.iter().enumerate() {
+        if let Some(first) = seen.iter().position(|s| *s == value) {
+            errors.push(
+                format!("{field}.values[{i}]"),
+                ErrorKind::Duplicate,
+                format!("value {value:?} is already declared at {field}.values[{first}]"),
+            );
+        }
+        seen.push(value);
+    }
+    if external.fallback.is_empty() {
+        errors.push(
+            format!("{field}.fallback"),
+            ErrorKind::Required,
+            "a fallback value is required: the tag's value when the classifier does not answer \
+             in time",
+        );
+    } else if !external.values.contains(&external.fallback) {
+        errors.push(
+            format!("{field}.fallback"),
+            ErrorKind::Invalid,
+            format!(
+                "fallback {:?} is not one of the declared values ({})",
+                external.fallback,
+                list(external.values.iter().map(String::as_str))
+            ),
+        );
+    }
+    check_range(
+        errors,
+        &format!("{field}.fallbackConfidence"),
+        external.fallback_confidence,
+        0.0,
+        false,
+        Some(1.0),
+    );
+}
+
+/// The longest tag value.
+const MAX_VALUE_LEN: usize = 63;
+
+/// A tag value as rules match on it: not empty, not padded, not too long.
+fn check_value(errors: &mut Errors, field: &str, value: &str) {
+    if value.is_empty() {
+        errors.push(field, ErrorKind::Required, "a value is required");
+    } else if value.trim() != value || value.len() > MAX_VALUE_LEN {
+        errors.push(
+            field,
+            ErrorKind::Invalid,
+            format!(
+                "{value:?} is not a valid tag value: use at most {MAX_VALUE_LEN} bytes, without \
+                 leading or trailing whitespace"
+            ),
+        );
+    }
+}
+
+/// Checks that `url` is `http://host[:port][/path]`, or says what is wrong.
+fn check_url(url: &str) -> Result<(), String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!(
+            "{url:?} is not a URL: write http://host[:port]/path"
+        ));
+    };
+    match scheme {
+        "http" => {}
+        "https" => {
+            return Err(format!(
+                "{url:?} uses https, which the proxy's classifier client does not support yet; \
+                 use an http:// URL"
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "{url:?} has scheme {scheme:?}; an external classifier is an http:// URL"
+            ));
+        }
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err(format!(
+            "{url:?} has user information; credentials do not belong in a resource"
+        ));
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        // An IPv6 literal's colons are inside brackets.
+        Some((h, p)) if !p.contains(']') => (h, Some(p)),
+        _ => (authority, None),
+    };
+    let bad_host = host.is_empty()
+        || !host.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'[' | b']' | b':' | b'_')
+        });
+    if bad_host {
+        return Err(format!("{url:?} has no valid host"));
+    }
+    if let Some(port) = port
+        && port.parse::<u16>().map_or(true, |p| p == 0)
+    {
+        return Err(format!("{url:?} has an invalid port {port:?}"));
+    }
+    if url
+        .bytes()
+        .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    {
+        return Err(format!("{url:?} contains whitespace"));
+    }
+    Ok(())
 }
 
 /// Whether `name` is a valid tag name.
@@ -171,4 +396,33 @@ fn one_line(e: &regex::Error) -> String {
                 .to_string()
         })
         .unwrap_or_else(|| text.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_url;
+
+    #[test]
+    fn urls() {
+        for ok in [
+            "http://classifier:8000/classify",
+            "http://127.0.0.1:9/x?y=1",
+            "http://[::1]:8080/",
+            "http://c.ml.svc.cluster.local",
+        ] {
+            assert_eq!(check_url(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "classifier:8000",
+            "ftp://c/x",
+            "https://c/x",
+            "http:///x",
+            "http://c:0/",
+            "http://c:99999/",
+            "http://u:p@c/",
+            "http://c/a b",
+        ] {
+            assert!(check_url(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -224,6 +224,36 @@ async fn a_classifier_with_a_bad_regex_is_denied() {
 }
 
 #[tokio::test]
+async fn a_classifier_with_a_bad_exemplars_or_external_tag_is_denied() {
+    let webhook = start().await;
+    let mut c = classifier("```");
+    c["spec"]["tags"][1] = json!({"name": "topic", "exemplars": {"values": [
+        {"value": "billing", "examples": ["charged twice"]},
+        {"value": "billing", "examples": ["refund please"]},
+    ]}});
+    c["spec"]["tags"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "domain", "external": {
+            "url": "http://classifier:8000/classify", "timeout": "2s",
+            "values": ["legal", "general"], "fallback": "other",
+        }}));
+    let response = webhook.review("uid-5", c).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert_eq!(
+        response["status"]["message"].as_str().unwrap(),
+        "InferenceClassifier apps/tags is invalid: 3 problems:\n\
+         - spec.tags[1].exemplars.values[1].value: value \"billing\" is already declared at \
+         spec.tags[1].exemplars.values[0]; put all its examples there\n\
+         - spec.tags[2].external.timeout: 2s is more than the largest budget, 1000ms: the \
+         classifier runs before the request is routed, so its budget is latency every request \
+         may pay\n\
+         - spec.tags[2].external.fallback: fallback \"other\" is not one of the declared values \
+         (legal, general)"
+    );
+}
+
+#[tokio::test]
 async fn a_malformed_review_gets_400_and_unknown_paths_404() {
     let webhook = start().await;
     let (status, body) = webhook.post("/validate", b"{not json".to_vec()).await;

@@ -235,11 +235,43 @@ pub enum ClassifierKind {
         patterns: Vec<String>,
         weight: f64,
     },
+    /// The prompt takes the value of its most similar example prompts.
+    Exemplars {
+        values: Vec<ExemplarValue>,
+        k: u32,
+        min_similarity: f64,
+        embedding: Embedding,
+    },
+    /// A remote classifier asked within `timeout`, else `fallback` at `fallback_confidence`.
+    External {
+        url: String,
+        timeout: Duration,
+        values: Vec<String>,
+        fallback: String,
+        fallback_confidence: f64,
+    },
     /// A kind this controller knows of but does not serve yet; the tag is sent with no
     /// definition so proxies skip it.
     Unsupported {
         kind: String,
     },
+}
+
+/// One value of an exemplars tag and the prompts that exemplify it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExemplarValue {
+    pub value: String,
+    pub examples: Vec<String>,
+}
+
+/// How an exemplars tag embeds prompts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Embedding {
+    /// Hashed words and character trigrams.
+    #[default]
+    Static,
+    /// The all-MiniLM-L6-v2 sentence encoder.
+    MiniLm,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -276,6 +276,40 @@ fn classifier_to_proto(c: &core::Classifier) -> api::Classifier {
                             weight: *weight,
                         }))
                     }
+                    ClassifierKind::Exemplars {
+                        values,
+                        k,
+                        min_similarity,
+                        embedding,
+                    } => Some(classifier::tag::Kind::Exemplars(classifier::Exemplars {
+                        values: values
+                            .iter()
+                            .map(|v| classifier::exemplars::Value {
+                                value: v.value.clone(),
+                                examples: v.examples.clone(),
+                            })
+                            .collect(),
+                        k: *k,
+                        min_similarity: *min_similarity,
+                        embedding: match embedding {
+                            core::Embedding::Static => classifier::exemplars::Embedding::Static,
+                            core::Embedding::MiniLm => classifier::exemplars::Embedding::Minilm,
+                        }
+                        .into(),
+                    })),
+                    ClassifierKind::External {
+                        url,
+                        timeout,
+                        values,
+                        fallback,
+                        fallback_confidence,
+                    } => Some(classifier::tag::Kind::External(classifier::External {
+                        url: url.clone(),
+                        timeout: prost_types::Duration::try_from(*timeout).ok(),
+                        values: values.clone(),
+                        fallback_value: fallback.clone(),
+                        fallback_confidence: *fallback_confidence,
+                    })),
                     ClassifierKind::Unsupported { .. } => None,
                 },
             })

@@ -9,8 +9,8 @@
 
 use criterion::{Criterion, black_box, criterion_group};
 use kinference_classify::{
-    ClassifierDefinition, ClassifierSet, DetectorKind, Limits, Prompt, Role, TagDefinition,
-    TagKind, Turn,
+    ClassifierDefinition, ClassifierSet, DetectorKind, EmbeddingKind, Limits, Prompt, Role,
+    TagDefinition, TagKind, Turn,
     definition::{KeywordRule, RegexRule},
 };
 use std::{
@@ -49,6 +49,7 @@ fn custom_set() -> ClassifierSet {
             examples,
             k: 3,
             min_similarity: 0.2,
+            embedding: EmbeddingKind::Static,
         },
     });
     def.tags.push(TagDefinition {

@@ -62,14 +62,40 @@ pub enum TagKind {
         k: usize,
         /// Neighbours less similar than this (cosine, in [-1, 1]) do not vote.
         min_similarity: f32,
+        /// How prompts and examples are embedded.
+        embedding: EmbeddingKind,
     },
     /// A remote classifier with a time budget and a declared fallback.
     External {
         url: String,
         timeout: Duration,
+        /// The values the classifier may answer: any other answer is invalid and yields the
+        /// fallback. Empty: any value.
+        values: Vec<String>,
         fallback_value: String,
         fallback_confidence: f32,
     },
+}
+
+/// How an exemplars tag embeds text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EmbeddingKind {
+    /// Hashed words and character trigrams: microseconds, nothing to load.
+    #[default]
+    Static,
+    /// The all-MiniLM-L6-v2 sentence encoder, handed to the set when it is built.
+    #[serde(rename = "minilm")]
+    MiniLm,
+}
+
+impl EmbeddingKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Static => "static",
+            Self::MiniLm => "minilm",
+        }
+    }
 }
 
 /// Complexity level thresholds on the score P(needs the strong model): below `low` is low, at or

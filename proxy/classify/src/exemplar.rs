@@ -3,16 +3,18 @@
 //! A prompt takes the value of its nearest exemplars by cosine similarity of embeddings. The default
 //! embedding ([`embed::HashedEmbedding`]) runs in microseconds with nothing to download: words and
 //! character trigrams, feature-hashed with a fixed seed into 256 signed dimensions (a sparse random
-//! projection) and L2-normalised. It captures shared wording, not paraphrase; the opt-in transformer
-//! encoder ([`minilm`], cargo feature `minilm`) captures paraphrase at a much higher cost.
+//! projection) and L2-normalised. It captures shared wording, not paraphrase. A tag may choose a
+//! sentence encoder instead ([`SentenceEncoder`]; the opt-in all-MiniLM-L6-v2, [`minilm`], cargo
+//! feature `minilm`), which captures paraphrase at a much higher cost. The encoder is handed in
+//! when the set is built, so this module stays free of I/O and of any model's weights.
 
 pub mod embed;
 #[cfg(feature = "minilm")]
 pub mod minilm;
 
-use self::embed::{Embedding, HashedEmbedding};
-use crate::{ClassifierId, input::View, tag::Out};
-use std::collections::BTreeMap;
+use self::embed::HashedEmbedding;
+use crate::{ClassifierId, definition::EmbeddingKind, input::View, tag::Out};
+use std::{collections::BTreeMap, fmt, sync::Arc};
 
 /// Why an exemplars tag could not be built.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -27,6 +29,44 @@ pub enum ExemplarError {
     ZeroK,
     #[error("min similarity {0} is outside [-1, 1]")]
     BadMinSimilarity(f32),
+    #[error("the {embedding} embedding is unavailable: {reason}")]
+    EncoderUnavailable {
+        embedding: &'static str,
+        reason: String,
+    },
+    #[error("the {embedding} embedding failed on value {value:?} example {index}: {reason}")]
+    Encode {
+        embedding: &'static str,
+        value: String,
+        index: usize,
+        reason: String,
+    },
+}
+
+/// A text encoder an exemplars tag may use instead of the hashed embedding: unit-length vectors
+/// whose dot product is their cosine similarity.
+pub trait SentenceEncoder: Send + Sync + fmt::Debug {
+    /// The embedding of `text`, unit length (or all zero for an empty text).
+    fn encode(&self, text: &str) -> Result<Vec<f32>, String>;
+}
+
+/// How one tag embeds text.
+#[derive(Debug, Clone)]
+enum Encoder {
+    Hashed(HashedEmbedding),
+    Sentence(Arc<dyn SentenceEncoder>),
+}
+
+impl Encoder {
+    fn encode<'a>(&self, pieces: impl IntoIterator<Item = &'a str>) -> Result<Vec<f32>, String> {
+        match self {
+            Self::Hashed(h) => Ok(h.embed(pieces).to_vec()),
+            Self::Sentence(e) => {
+                let text: String = pieces.into_iter().collect();
+                e.encode(&text)
+            }
+        }
+    }
 }
 
 /// A compiled exemplars tag.
@@ -34,19 +74,44 @@ pub enum ExemplarError {
 pub(crate) struct Exemplars {
     name: String,
     values: Vec<String>,
-    /// (value index, embedding) per example.
-    examples: Vec<(usize, Embedding)>,
+    /// The value index of each example, in the order of `matrix`'s rows.
+    example_values: Vec<usize>,
+    /// The examples' embeddings, one row of `dims` per example.
+    matrix: Vec<f32>,
+    dims: usize,
     k: usize,
     min_similarity: f32,
-    embedder: HashedEmbedding,
+    encoder: Encoder,
 }
 
 impl Exemplars {
+    /// Builds a tag with the hashed embedding.
+    #[cfg(test)]
     pub fn new(
         name: &str,
         examples: &BTreeMap<String, Vec<String>>,
         k: usize,
         min_similarity: f32,
+    ) -> Result<Self, ExemplarError> {
+        Self::with_embedding(
+            name,
+            examples,
+            k,
+            min_similarity,
+            EmbeddingKind::Static,
+            &Err("none".into()),
+        )
+    }
+
+    /// Builds a tag, embedding every example once. `sentence` is the encoder a
+    /// [`EmbeddingKind::MiniLm`] tag uses, or why there is none.
+    pub fn with_embedding(
+        name: &str,
+        examples: &BTreeMap<String, Vec<String>>,
+        k: usize,
+        min_similarity: f32,
+        embedding: EmbeddingKind,
+        sentence: &Result<Arc<dyn SentenceEncoder>, String>,
     ) -> Result<Self, ExemplarError> {
         if examples.is_empty() {
             return Err(ExemplarError::Empty);
@@ -57,9 +122,20 @@ impl Exemplars {
         if !(-1.0..=1.0).contains(&min_similarity) {
             return Err(ExemplarError::BadMinSimilarity(min_similarity));
         }
-        let embedder = HashedEmbedding;
+        let encoder = match (embedding, sentence) {
+            (EmbeddingKind::Static, _) => Encoder::Hashed(HashedEmbedding),
+            (EmbeddingKind::MiniLm, Ok(e)) => Encoder::Sentence(e.clone()),
+            (EmbeddingKind::MiniLm, Err(reason)) => {
+                return Err(ExemplarError::EncoderUnavailable {
+                    embedding: embedding.as_str(),
+                    reason: reason.clone(),
+                });
+            }
+        };
         let mut values = Vec::new();
-        let mut embedded = Vec::new();
+        let mut example_values = Vec::new();
+        let mut matrix = Vec::new();
+        let mut dims = 0;
         for (v, prompts) in examples {
             if prompts.is_empty() {
                 return Err(ExemplarError::EmptyValue(v.clone()));
@@ -71,26 +147,49 @@ impl Exemplars {
                         index,
                     });
                 }
-                embedded.push((values.len(), embedder.embed([p.as_str()])));
+                let e = encoder
+                    .encode([p.as_str()])
+                    .map_err(|reason| ExemplarError::Encode {
+                        embedding: embedding.as_str(),
+                        value: v.clone(),
+                        index,
+                        reason,
+                    })?;
+                if dims == 0 {
+                    dims = e.len();
+                }
+                if e.len() != dims || dims == 0 {
+                    return Err(ExemplarError::Encode {
+                        embedding: embedding.as_str(),
+                        value: v.clone(),
+                        index,
+                        reason: format!("{} dimensions, expected {dims}", e.len()),
+                    });
+                }
+                matrix.extend_from_slice(&e);
+                example_values.push(values.len());
             }
             values.push(v.clone());
         }
         Ok(Self {
             name: name.to_string(),
             values,
-            examples: embedded,
+            example_values,
+            matrix,
+            dims,
             k,
             min_similarity,
-            embedder,
+            encoder,
         })
     }
 
     /// The winning value, its vote share and the best similarity, with per-value votes.
-    fn vote(&self, query: &Embedding) -> Option<(usize, f32, f32, Vec<f32>)> {
+    fn vote(&self, query: &[f32]) -> Option<(usize, f32, f32, Vec<f32>)> {
         let mut sims: Vec<(f32, usize)> = self
-            .examples
-            .iter()
-            .map(|(v, e)| (embed::cosine(query, e), *v))
+            .matrix
+            .chunks_exact(self.dims)
+            .zip(&self.example_values)
+            .map(|(e, v)| (embed::dot(query, e), *v))
             .filter(|(s, _)| *s >= self.min_similarity && *s > 0.0)
             .collect();
         if sims.is_empty() {
@@ -112,8 +211,24 @@ impl Exemplars {
     }
 
     pub fn classify(&self, view: &View<'_>, out: &mut Out) {
-        let query = self.embedder.embed(view.last_turn());
-        if let Some((winner, share, best, votes)) = self.vote(&query) {
+        let hashed;
+        let encoded;
+        let query: &[f32] = match &self.encoder {
+            Encoder::Hashed(h) => {
+                hashed = h.embed(view.last_turn());
+                &hashed
+            }
+            // A sentence encoder that fails on one prompt (it never should) leaves the tag
+            // unset: the request goes on without it.
+            Encoder::Sentence(_) => match self.encoder.encode(view.last_turn()) {
+                Ok(e) if e.len() == self.dims => {
+                    encoded = e;
+                    &encoded
+                }
+                _ => return,
+            },
+        };
+        if let Some((winner, share, best, votes)) = self.vote(query) {
             // Confidence: the winner's share of the similarity-weighted votes, scaled by how close
             // the nearest exemplar is.
             let confidence = share * best;
@@ -211,6 +326,55 @@ mod tests {
         assert_eq!(
             Exemplars::new("t", &examples(), 1, 1.5).unwrap_err(),
             ExemplarError::BadMinSimilarity(1.5)
+        );
+    }
+
+    #[derive(Debug)]
+    struct Letters;
+
+    /// A toy encoder: the share of each of the first letters a..d.
+    impl SentenceEncoder for Letters {
+        fn encode(&self, text: &str) -> Result<Vec<f32>, String> {
+            let mut v = vec![0.0f32; 4];
+            for b in text.bytes().filter(|b| (b'a'..=b'd').contains(b)) {
+                v[usize::from(b - b'a')] += 1.0;
+            }
+            let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            if n == 0.0 {
+                return Err("no letters".into());
+            }
+            Ok(v.into_iter().map(|x| x / n).collect())
+        }
+    }
+
+    #[test]
+    fn a_sentence_encoder_replaces_the_hashed_embedding() {
+        let mut m = BTreeMap::new();
+        m.insert("a".to_string(), vec!["aaa".to_string()]);
+        m.insert("b".to_string(), vec!["bbb".to_string()]);
+        let encoder: Result<Arc<dyn SentenceEncoder>, String> = Ok(Arc::new(Letters));
+        let e =
+            Exemplars::with_embedding("t", &m, 1, 0.5, EmbeddingKind::MiniLm, &encoder).unwrap();
+        assert_eq!(e.dims, 4);
+        assert_eq!(run(&e, "abbb").tags[0].tag.value, "b");
+        // An encoder failure on a prompt sets no tag.
+        assert!(run(&e, "xyz").tags.is_empty());
+    }
+
+    #[test]
+    fn a_missing_sentence_encoder_is_refused_with_its_reason() {
+        let err = Exemplars::with_embedding(
+            "t",
+            &examples(),
+            3,
+            0.1,
+            EmbeddingKind::MiniLm,
+            &Err("this proxy was built without the minilm feature".into()),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the minilm embedding is unavailable: this proxy was built without the minilm feature"
         );
     }
 }

@@ -46,6 +46,8 @@ pub trait ExternalClassifier: Send + Sync + fmt::Debug {
 pub struct External {
     pub name: String,
     pub budget: Duration,
+    /// The values the classifier may answer; empty: any.
+    pub values: Vec<String>,
     pub fallback_value: String,
     pub fallback_confidence: f32,
     pub client: Arc<dyn ExternalClassifier>,
@@ -57,7 +59,11 @@ impl External {
         let result =
             tokio::time::timeout(self.budget, self.client.classify(&self.name, text)).await;
         let reason = match result {
-            Ok(Ok(a)) if a.confidence.is_finite() && (0.0..=1.0).contains(&a.confidence) => {
+            Ok(Ok(a))
+                if a.confidence.is_finite()
+                    && (0.0..=1.0).contains(&a.confidence)
+                    && (self.values.is_empty() || self.values.contains(&a.value)) =>
+            {
                 return TagExplanation {
                     tag: Tag {
                         name: self.name.clone(),
@@ -117,6 +123,7 @@ mod tests {
         External {
             name: "domain".into(),
             budget: Duration::from_millis(50),
+            values: vec!["legal".into(), "general".into()],
             fallback_value: "general".into(),
             fallback_confidence: 0.3,
             client: Arc::new(client),
@@ -173,5 +180,19 @@ mod tests {
             ClassifierId::ExternalFallback(FallbackReason::InvalidResponse)
         );
         assert_eq!(t.tag.value, "general");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_undeclared_value_falls_back() {
+        let answer = ExternalAnswer {
+            value: "medical".into(),
+            confidence: 0.9,
+        };
+        let t = external(Fixed(Ok(answer), Duration::ZERO)).run("x").await;
+        assert_eq!(
+            t.tag.source,
+            ClassifierId::ExternalFallback(FallbackReason::InvalidResponse)
+        );
+        assert_eq!((t.tag.value.as_str(), t.tag.confidence), ("general", 0.3));
     }
 }

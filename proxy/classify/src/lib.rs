@@ -22,8 +22,8 @@ pub mod tag;
 mod text;
 
 pub use self::{
-    definition::{ClassifierDefinition, DetectorKind, TagDefinition, TagKind},
+    definition::{ClassifierDefinition, DetectorKind, EmbeddingKind, TagDefinition, TagKind},
     input::{Limits, Prompt, Role, Turn},
-    set::{ClassifierSet, Error},
+    set::{ClassifierSet, Error, Options},
     tag::{ClassifierId, Contribution, Explanation, Tag, TagExplanation, Tags},
 };

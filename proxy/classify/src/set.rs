@@ -9,12 +9,13 @@ use crate::{
     complexity::{self, Complexity},
     definition::Thresholds,
     detect,
-    exemplar::{ExemplarError, Exemplars},
+    exemplar::{ExemplarError, Exemplars, SentenceEncoder},
     external::{External, ExternalClassifier},
     input::View,
     rules::{Rules, RulesError},
     scan::Scan,
     tag::Out,
+    tag::TagExplanation,
 };
 use std::{collections::HashSet, sync::Arc};
 
@@ -43,12 +44,30 @@ pub enum Error {
     FallbackConfidence { tag: String, confidence: f32 },
     #[error("tag {tag:?}: external fallback value is empty")]
     EmptyFallback { tag: String },
+    #[error("tag {tag:?}: external fallback value {value:?} is not one of the declared values")]
+    UndeclaredFallback { tag: String, value: String },
     #[error("tag {tag:?}: {error}")]
     Url { tag: String, error: String },
     #[error("tag {0:?}: external classifiers need the `http` feature of kinference-classify")]
     ExternalUnsupported(String),
     #[error("byte caps must be greater than zero")]
     Limits,
+}
+
+/// What building a set may need besides the definition.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The sentence encoder of `minilm` exemplar tags, or why there is none (a tag that needs it
+    /// is refused with this reason).
+    pub minilm: Result<Arc<dyn SentenceEncoder>, String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            minilm: Err("no MiniLM encoder was loaded".into()),
+        }
+    }
 }
 
 /// A compiled, validated set of classifiers.
@@ -76,6 +95,20 @@ impl ClassifierSet {
     /// Builds a set whose external tags use clients from `client(tag, url)`.
     pub fn with_external_clients(
         def: &ClassifierDefinition,
+        client: impl Fn(&str, &str) -> Result<Arc<dyn ExternalClassifier>, Error>,
+    ) -> Result<Self, Error> {
+        Self::build(def, &Options::default(), client)
+    }
+
+    /// Builds a set with `options`; external tags use the HTTP client (feature `http`).
+    pub fn with_options(def: &ClassifierDefinition, options: &Options) -> Result<Self, Error> {
+        Self::build(def, options, default_client)
+    }
+
+    /// Builds a set with `options` whose external tags use clients from `client(tag, url)`.
+    pub fn build(
+        def: &ClassifierDefinition,
+        options: &Options,
         client: impl Fn(&str, &str) -> Result<Arc<dyn ExternalClassifier>, Error>,
     ) -> Result<Self, Error> {
         if def.limits.last_turn_bytes == 0 || def.limits.context_bytes == 0 {
@@ -142,19 +175,26 @@ impl ClassifierSet {
                     examples,
                     k,
                     min_similarity,
+                    embedding,
                 } => {
-                    let e =
-                        Exemplars::new(name, examples, *k, *min_similarity).map_err(|error| {
-                            Error::Exemplars {
-                                tag: name.to_string(),
-                                error,
-                            }
-                        })?;
+                    let e = Exemplars::with_embedding(
+                        name,
+                        examples,
+                        *k,
+                        *min_similarity,
+                        *embedding,
+                        &options.minilm,
+                    )
+                    .map_err(|error| Error::Exemplars {
+                        tag: name.to_string(),
+                        error,
+                    })?;
                     set.exemplars.push(e);
                 }
                 TagKind::External {
                     url,
                     timeout,
+                    values,
                     fallback_value,
                     fallback_confidence,
                 } => {
@@ -172,9 +212,16 @@ impl ClassifierSet {
                             tag: name.to_string(),
                         });
                     }
+                    if !values.is_empty() && !values.contains(fallback_value) {
+                        return Err(Error::UndeclaredFallback {
+                            tag: name.to_string(),
+                            value: fallback_value.clone(),
+                        });
+                    }
                     set.external.push(External {
                         name: name.to_string(),
                         budget: *timeout,
+                        values: values.clone(),
                         fallback_value: fallback_value.clone(),
                         fallback_confidence: *fallback_confidence,
                         client: client(name, url)?,
@@ -203,18 +250,27 @@ impl ClassifierSet {
     /// [`Self::explain`] plus external tags.
     pub async fn explain_all(&self, prompt: Prompt<'_>) -> Explanation {
         let mut explanation = self.run_local(prompt, true);
-        if !self.external.is_empty() {
-            let view = View::new(prompt, self.limits);
-            let text: String = view.last_turn().collect();
-            let results =
-                futures::future::join_all(self.external.iter().map(|e| e.run(&text))).await;
-            explanation.tags.extend(results);
+        if let Some(text) = self.external_text(prompt) {
+            explanation.tags.extend(self.run_external(&text).await);
         }
         explanation
     }
 
     pub fn has_external(&self) -> bool {
         !self.external.is_empty()
+    }
+
+    /// What external classifiers are sent of `prompt` (its capped last turn), or `None` when the
+    /// set has none. With [`Self::run_external`], lets a caller that cannot hold the prompt
+    /// across an `.await` run the local classifiers and the external ones apart.
+    pub fn external_text(&self, prompt: Prompt<'_>) -> Option<String> {
+        (!self.external.is_empty()).then(|| View::new(prompt, self.limits).last_turn().collect())
+    }
+
+    /// The external tags for `text` (from [`Self::external_text`]), run concurrently, each
+    /// within its budget; never fails (a classifier without an answer gives its fallback).
+    pub async fn run_external(&self, text: &str) -> Vec<TagExplanation> {
+        futures::future::join_all(self.external.iter().map(|e| e.run(text))).await
     }
 
     fn run_local(&self, prompt: Prompt<'_>, explain: bool) -> Explanation {

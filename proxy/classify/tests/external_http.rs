@@ -70,6 +70,7 @@ fn set(url: &str, timeout: Duration) -> ClassifierSet {
             kind: TagKind::External {
                 url: url.into(),
                 timeout,
+                values: vec![],
                 fallback_value: "general".into(),
                 fallback_confidence: 0.25,
             },

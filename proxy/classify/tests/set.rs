@@ -1,8 +1,8 @@
 //! The classifier set as the proxy uses it: definitions in, tags and explanations out.
 
 use kinference_classify::{
-    ClassifierDefinition, ClassifierId, ClassifierSet, DetectorKind, Error, Limits, Prompt, Role,
-    TagDefinition, TagKind, Turn,
+    ClassifierDefinition, ClassifierId, ClassifierSet, DetectorKind, EmbeddingKind, Error, Limits,
+    Prompt, Role, TagDefinition, TagKind, Turn,
     definition::{KeywordRule, RegexRule, Thresholds},
 };
 use std::{collections::BTreeMap, time::Duration};
@@ -174,6 +174,7 @@ fn exemplars_through_the_set() {
             examples,
             k: 1,
             min_similarity: 0.2,
+            embedding: EmbeddingKind::Static,
         },
     )]))
     .unwrap();
@@ -252,7 +253,8 @@ fn bad_resources_have_precise_messages() {
             TagKind::Exemplars {
                 examples: BTreeMap::new(),
                 k: 3,
-                min_similarity: 0.1
+                min_similarity: 0.1,
+                embedding: EmbeddingKind::Static,
             }
         )]),
         "tag \"e\": exemplars: no example prompts"
@@ -264,6 +266,7 @@ fn bad_resources_have_precise_messages() {
             TagKind::External {
                 url: url.into(),
                 timeout,
+                values: vec![],
                 fallback_value: "general".into(),
                 fallback_confidence: confidence,
             },
@@ -280,6 +283,31 @@ fn bad_resources_have_precise_messages() {
             1.5
         )]),
         "tag \"x\": external fallback confidence 1.5 is outside [0, 1]"
+    );
+    assert_eq!(
+        err(vec![tag(
+            "x",
+            TagKind::External {
+                url: "http://127.0.0.1:1/".into(),
+                timeout: Duration::from_millis(5),
+                values: vec!["legal".into()],
+                fallback_value: "general".into(),
+                fallback_confidence: 0.5,
+            },
+        )]),
+        "tag \"x\": external fallback value \"general\" is not one of the declared values"
+    );
+    assert_eq!(
+        err(vec![tag(
+            "e",
+            TagKind::Exemplars {
+                examples: [("a".to_string(), vec!["b".to_string()])].into(),
+                k: 3,
+                min_similarity: 0.1,
+                embedding: EmbeddingKind::MiniLm,
+            }
+        )]),
+        "tag \"e\": exemplars: the minilm embedding is unavailable: no MiniLM encoder was loaded"
     );
     // Without the `http` feature no external client can be built, so the URL is never read.
     let expected = if cfg!(feature = "http") {

@@ -13,7 +13,7 @@ use crate::{
 };
 use kinference_api::{
     InferenceClassifier, InferencePolicy as PolicyResource, InferencePool, ValidationErrors,
-    classifier::TagSource,
+    classifier::{Embedding, TagSource},
     policy::{self as api, BalancerMode, FailureMode},
 };
 use kinference_policy_core::{
@@ -410,6 +410,36 @@ fn tag(t: &kinference_api::classifier::ClassifierTag) -> ClassifierTag {
         TagSource::Regex(r) => ClassifierKind::Regex {
             patterns: r.patterns.clone(),
             weight: r.weight,
+        },
+        TagSource::Exemplars(e) => ClassifierKind::Exemplars {
+            values: e
+                .values
+                .iter()
+                .map(|v| core::ExemplarValue {
+                    value: v.value.clone(),
+                    examples: v.examples.clone(),
+                })
+                .collect(),
+            k: e.k,
+            min_similarity: e.min_similarity,
+            embedding: match e.embedding {
+                Embedding::Static => core::Embedding::Static,
+                Embedding::MiniLm => core::Embedding::MiniLm,
+            },
+        },
+        // Validation has checked the timeout; a classifier that slipped through with a bad
+        // one is sent with no definition, so proxies skip the tag rather than wait on it.
+        TagSource::External(e) => match e.timeout.parse() {
+            Ok(timeout) => ClassifierKind::External {
+                url: e.url.clone(),
+                timeout,
+                values: e.values.clone(),
+                fallback: e.fallback.clone(),
+                fallback_confidence: e.fallback_confidence,
+            },
+            Err(_) => ClassifierKind::Unsupported {
+                kind: "external".into(),
+            },
         },
     };
     ClassifierTag {

@@ -58,6 +58,11 @@ impl HashedEmbedding {
 
 /// Cosine similarity of unit vectors.
 pub fn cosine(a: &Embedding, b: &Embedding) -> f32 {
+    dot(a, b)
+}
+
+/// The dot product of two vectors of the same length: their cosine similarity when unit length.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 

@@ -137,3 +137,9 @@ impl MiniLm {
 pub fn similarity(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
+
+impl super::SentenceEncoder for MiniLm {
+    fn encode(&self, text: &str) -> Result<Vec<f32>, String> {
+        self.embed(text).map_err(|e| e.to_string())
+    }
+}
