@@ -75,6 +75,9 @@ pub struct Shared {
     pub classifiers: classify::Cache,
     pub workload: Workload,
     pub retry_budget: u32,
+    /// Whether every discovery stream to the controller is up (the last good policy is kept
+    /// while it is not); `/debug/discovery` reports it.
+    pub controller_connected: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -87,6 +90,7 @@ impl Shared {
             classifiers: classify::Cache::default(),
             workload,
             retry_budget,
+            controller_connected: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -202,6 +206,7 @@ fn reason_name(r: &Reason) -> &'static str {
     match r {
         Reason::LowestPredictedTtft => "lowest_predicted_ttft",
         Reason::TieBroken { .. } => "tie_broken",
+        Reason::PrefixAffinity { .. } => "prefix_affinity",
         Reason::FallbackStaleSignals => "stale_signals",
         Reason::FallbackNoSignals => "no_signals",
         Reason::NoCandidates => "no_candidates",

@@ -16,6 +16,7 @@ pub mod run;
 pub mod sidecar;
 pub mod strategy;
 pub mod suite;
+pub mod tune;
 pub mod workload;
 
 pub use self::{

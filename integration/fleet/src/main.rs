@@ -9,6 +9,7 @@ use kinference_fleet::{
     run::RunConfig,
     strategy::StrategyKind,
     suite::{self, Plan, Suite},
+    tune,
     workload::WorkloadKind,
 };
 
@@ -44,6 +45,10 @@ struct Args {
     /// The traces directory (`../shared/traces` from the project root).
     #[arg(long, default_value = "../shared/traces")]
     traces: PathBuf,
+    /// Overrides of the Kinference strategy's routing settings, `name=value` (comma-separated or
+    /// repeated), for sweeps; the published tables use the defaults.
+    #[arg(long, value_delimiter = ',')]
+    kinference_set: Vec<String>,
     /// Worker threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -72,6 +77,10 @@ fn main() -> anyhow::Result<()> {
             .map(|s| StrategyKind::parse(s).with_context(|| format!("unknown strategy {s:?}")))
             .collect::<anyhow::Result<_>>()?
     };
+    let mut kinference = kinference_routing::RouterConfig::default();
+    for setting in &args.kinference_set {
+        tune::apply(&mut kinference, setting).context("--kinference-set")?;
+    }
     let plan = Plan {
         suite,
         workloads,
@@ -83,6 +92,7 @@ fn main() -> anyhow::Result<()> {
             scrape_interval: Duration::from_millis(args.scrape_interval_ms),
             kv_event_delay: Duration::from_millis(args.kv_event_delay_ms),
             seed: args.seed,
+            kinference,
         },
         traces_dir: args.traces.clone(),
         threads: args

@@ -30,6 +30,9 @@ pub struct RunConfig {
     /// KV events reach the sidecars this long after the step that produced them.
     pub kv_event_delay: Duration,
     pub seed: u64,
+    /// The routing core's settings for the Kinference strategy (its defaults unless a sweep
+    /// overrides them with `--kinference-set`).
+    pub kinference: kinference_routing::RouterConfig,
 }
 
 impl Default for RunConfig {
@@ -39,6 +42,7 @@ impl Default for RunConfig {
             scrape_interval: Duration::from_millis(50),
             kv_event_delay: Duration::from_millis(10),
             seed: 1,
+            kinference: kinference_routing::RouterConfig::default(),
         }
     }
 }
@@ -93,7 +97,7 @@ pub fn run_cell(
     let mut sidecars: Vec<Sidecar> = (0..n_sidecars)
         .map(|i| Sidecar {
             state: SidecarState::new(replicas.len()),
-            router: strategy.build(&infos),
+            router: strategy.build(&infos, &cfg.kinference),
             rng: ChaCha8Rng::seed_from_u64(cell_seed(cfg, workload, strategy, i)),
         })
         .collect();

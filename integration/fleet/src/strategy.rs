@@ -135,8 +135,13 @@ impl StrategyKind {
         matches!(self, StrategyKind::Kinference)
     }
 
-    /// A fresh instance for one sidecar of a fleet with `replicas`.
-    pub fn build(self, replicas: &[ReplicaInfo]) -> Box<dyn Router> {
+    /// A fresh instance for one sidecar of a fleet with `replicas`; `kinference` configures the
+    /// Kinference strategy (the others use their published defaults).
+    pub fn build(
+        self,
+        replicas: &[ReplicaInfo],
+        kinference: &kinference_routing::RouterConfig,
+    ) -> Box<dyn Router> {
         match self {
             StrategyKind::RoundRobin => Box::new(round_robin::RoundRobin::default()),
             StrategyKind::Random => Box::new(random::Random),
@@ -147,7 +152,9 @@ impl StrategyKind {
             StrategyKind::Dynamo => Box::new(dynamo::DynamoKv::new(replicas)),
             StrategyKind::Sglang => Box::new(sglang::SglangCacheAware::new(replicas.len())),
             StrategyKind::Aibrix => Box::new(aibrix::AibrixPrefix::new(replicas.len())),
-            StrategyKind::Kinference => Box::new(kinference::Kinference::new(replicas)),
+            StrategyKind::Kinference => {
+                Box::new(kinference::Kinference::new(replicas, *kinference))
+            }
         }
     }
 }

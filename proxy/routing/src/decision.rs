@@ -18,6 +18,10 @@ pub enum Reason {
     LowestPredictedTtft,
     /// `tied` candidates were within the tie window of the best; one was picked uniformly at random.
     TieBroken { tied: u32 },
+    /// `eligible` candidates of one model were within the affinity slack of the best; the one
+    /// holding most of the prompt, then the prompt's home endpoint, was chosen (see
+    /// [`crate::affinity`]).
+    PrefixAffinity { eligible: u32 },
     /// Every candidate's scraped signals were older than the freshness budget: peak-EWMA
     /// power-of-two-choices over the requested model's endpoints.
     FallbackStaleSignals,

@@ -97,7 +97,7 @@ impl Default for PredictConfig {
             default_output_tokens: 256.0,
             service_alpha: 0.2,
             queue_cost_weight: 1.0,
-            miss_cost_weight: 2.0,
+            miss_cost_weight: 3.0,
         }
     }
 }
@@ -763,11 +763,11 @@ mod tests {
         let before = p.selection_cost_s;
         assert!(close(p.miss_cost_s, 0.0));
         // Another candidate holds 6,000 tokens of this prompt: 5,000 would be prefilled again here,
-        // charged `miss_cost_weight` (2) × 5,000 / 8,000 tok/s = 1.25 s.
+        // charged `miss_cost_weight` (3) × 5,000 / 8,000 tok/s = 1.875 s.
         p.charge_duplicate_prefix(6_000, &cfg);
         assert_eq!(p.duplicate_tokens, 5_000);
-        assert!(close(p.miss_cost_s, 2.0 * 5_000.0 / 8_000.0));
-        assert!(close(p.selection_cost_s, before + 1.25));
+        assert!(close(p.miss_cost_s, 3.0 * 5_000.0 / 8_000.0));
+        assert!(close(p.selection_cost_s, before + 1.875));
         // The predicted TTFT itself is unchanged: the charge is for the fleet's cache, not this request.
         assert!(close(
             p.selection_cost_s - p.queue_cost_s - p.miss_cost_s,

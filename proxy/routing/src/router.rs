@@ -7,6 +7,7 @@
 //! fleet benchmark run the same code.
 
 use crate::{
+    affinity::{self, AffinityConfig},
     decision::{Candidate, Decision, Excluded, Exclusion, Reason},
     endpoint::{EndpointId, EndpointMeta, ModelName, Scrape, Signals},
     ewma::{DEFAULT_TAU, PeakEwma},
@@ -14,8 +15,8 @@ use crate::{
     inflight::{InFlight, InFlightRequest},
     predict::{EndpointView, ModelPrior, PredictConfig, PrefillRate, ServiceTime, predict},
     prefix::{
-        ApproxConfig, ApproxIndex, BlockHash, BlockHasher, KvEvent, PreciseIndex, PrefixSource,
-        PromptBlocks,
+        ApproxConfig, ApproxIndex, BlockHash, BlockHasher, KvEvent, LruSet, PreciseIndex,
+        PrefixSource, PromptBlocks,
     },
     select::{DEFAULT_TIE_WINDOW, lowest_within_tie_window},
     time::Time,
@@ -28,6 +29,8 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 pub struct RouterConfig {
     pub predict: PredictConfig,
     pub approx: ApproxConfig,
+    /// Prefix affinity among near-equal candidates (see [`crate::affinity`]).
+    pub affinity: AffinityConfig,
     /// Predictions within this of the best are treated as equal.
     pub tie_window: Duration,
     /// Decay time constant of the fallback's TTFT peak-EWMA.
@@ -43,6 +46,7 @@ impl Default for RouterConfig {
         Self {
             predict: PredictConfig::default(),
             approx: ApproxConfig::default(),
+            affinity: AffinityConfig::default(),
             tie_window: DEFAULT_TIE_WINDOW,
             latency_tau: DEFAULT_TAU,
             mean_prompt_alpha: 0.05,
@@ -162,6 +166,8 @@ pub struct Router {
     approx: ApproxIndex,
     mean_prompt_tokens: f64,
     next_request_id: u64,
+    /// Affinity keys of prompts this proxy dispatched (see [`crate::affinity`]).
+    seen_keys: LruSet,
 }
 
 impl Router {
@@ -177,6 +183,7 @@ impl Router {
             approx: ApproxIndex::default(),
             mean_prompt_tokens: config.default_prompt_tokens,
             next_request_id: 0,
+            seen_keys: LruSet::new(config.affinity.remembered_keys),
         }
     }
 
@@ -465,6 +472,11 @@ impl Router {
                 } else {
                     Reason::LowestPredictedTtft
                 };
+                if let Some((index, eligible)) = self.affine_choice(&decision, pick.index, request)
+                {
+                    decision.chosen = Some(index);
+                    decision.reason = Reason::PrefixAffinity { eligible };
+                }
             }
             return decision;
         }
@@ -510,6 +522,71 @@ impl Router {
         decision
     }
 
+    /// Among the candidates of the lowest-cost candidate's model whose cost is within the affinity
+    /// slack of it, the one holding most of the prompt, then the prompt's home by rendezvous rank.
+    /// `None` when affinity is off, the prompt has no key, or fewer than two are eligible (the plain
+    /// lowest-cost pick stands).
+    fn affine_choice(
+        &self,
+        decision: &Decision,
+        best: usize,
+        request: &Request<'_>,
+    ) -> Option<(usize, u32)> {
+        let cfg = &self.config;
+        if cfg.affinity.slack <= 0.0 {
+            return None;
+        }
+        let key = affinity::key(request.prompt_blocks, &cfg.affinity)?;
+        let best = decision.candidates.get(best)?;
+        let best_model = &best.model;
+        let usages: Vec<f64> = decision
+            .candidates
+            .iter()
+            .filter(|c| c.model == *best_model)
+            .filter_map(|c| c.prediction.kv_cache_usage.filter(|u| u.used))
+            .map(|u| u.value)
+            .collect();
+        if usages.is_empty() {
+            return None;
+        }
+        let mean_usage = usages.iter().sum::<f64>() / usages.len() as f64;
+        let slack = affinity::slack_at(mean_usage, &cfg.affinity);
+        if slack <= 0.0 {
+            return None;
+        }
+        let limit = affinity::eligible_limit(
+            best.prediction.selection_cost_s,
+            slack,
+            cfg.tie_window,
+            &cfg.affinity,
+        );
+        let eligible: Vec<usize> = (0..decision.candidates.len())
+            .filter(|&i| {
+                let c = &decision.candidates[i];
+                c.model == *best_model && c.prediction.selection_cost_s <= limit
+            })
+            .collect();
+        if eligible.len() < 2 {
+            return None;
+        }
+        let coverage = affinity::key_coverage_tokens(request.prompt_blocks, &cfg.affinity);
+        let recurs = self.seen_keys.contains(key)
+            || eligible
+                .iter()
+                .any(|&i| decision.candidates[i].prediction.cached_tokens >= coverage);
+        if !recurs {
+            return None;
+        }
+        let index = eligible.iter().copied().max_by_key(|&i| {
+            let c = &decision.candidates[i];
+            (
+                c.prediction.cached_tokens,
+                affinity::weight(key, &c.endpoint),
+            )
+        })?;
+        Some((index, u32::try_from(eligible.len()).unwrap_or(u32::MAX)))
+    }
+
     /// Records that the decision's choice was sent `prompt` at `now`: the request joins the
     /// endpoint's in-flight work and the endpoint is recorded as holding the prompt's prefix.
     pub fn dispatch(
@@ -543,6 +620,10 @@ impl Router {
                 .push((request_id, Arc::from(prompt.hashes())));
         }
         self.approx.record(c.slot, prompt);
+        if let Some(key) = affinity::key(prompt, &self.config.affinity) {
+            self.seen_keys.touch(key);
+            self.seen_keys.evict_over_capacity(|_| ());
+        }
         let alpha = self.config.mean_prompt_alpha;
         self.mean_prompt_tokens += alpha * (f64::from(p.prompt_tokens) - self.mean_prompt_tokens);
         Ok(DispatchHandle {

@@ -326,13 +326,13 @@ fn precise_index_answers_for_endpoints_with_kv_events() {
     assert_eq!(c0.prediction.prefix_source, Some(PrefixSource::Approximate));
     assert_eq!(c0.prediction.cached_tokens, 0);
     // 48 fewer tokens of prefill (4.8 ms) is within the 5 ms tie window, but e0 would hold a second
-    // copy of those 48 tokens: charged 2 × 4.8 ms, so e1 wins.
+    // copy of those 48 tokens: charged 3 × 4.8 ms, so e1 wins.
     assert!(close(
         c0.prediction.predicted_ttft_s - c1.prediction.predicted_ttft_s,
         0.0048
     ));
     assert_eq!(c0.prediction.duplicate_tokens, 48);
-    assert!(close(c0.prediction.miss_cost_s, 2.0 * 0.0048));
+    assert!(close(c0.prediction.miss_cost_s, 3.0 * 0.0048));
     assert_eq!(c1.prediction.duplicate_tokens, 0);
     assert_eq!(d.chosen_endpoint(), Some(&e1));
     assert_eq!(d.reason, Reason::LowestPredictedTtft);
@@ -629,8 +629,8 @@ fn queue_cost_keeps_a_prefix_where_it_is_cached_when_queues_form() {
     assert_eq!(d.chosen_endpoint(), Some(&e0));
     assert_eq!(d.reason, Reason::LowestPredictedTtft);
 
-    // e1 would also hold a second copy of the 6,000 cached tokens: 2 × 0.6 s.
-    assert!(close(p1.miss_cost_s, 1.2) && close(p0.miss_cost_s, 0.0));
+    // e1 would also hold a second copy of the 6,000 cached tokens: 3 × 0.6 s.
+    assert!(close(p1.miss_cost_s, 1.8) && close(p0.miss_cost_s, 0.0));
 
     // With the queue and duplicate-prefix costs off, the lowest predicted TTFT wins.
     let mut config = RouterConfig::default();
@@ -767,4 +767,143 @@ fn a_prompt_sent_ahead_to_a_queueing_endpoint_counts_as_cached_until_its_first_t
     r.first_token(h, t(1.3)).unwrap();
     let d = r.decide(&req, t(1.3), &mut ChaCha8Rng::seed_from_u64(0));
     assert_eq!(d.chosen().unwrap().prediction.cached_tokens, 0);
+}
+
+/// A sidecar's view of `n` endpoints of GLM with KV events (precise index present and empty: the
+/// prefix is cached nowhere), each running 4 requests at KV usage `kv`.
+fn affinity_fleet(n: usize, kv: f64) -> Router {
+    let mut r = Router::new(RouterConfig::default());
+    r.set_model_prior(GLM.into(), prior());
+    for i in 0..n {
+        let id = EndpointId::from(format!("e{i}"));
+        let mut meta = EndpointMeta::new(id.clone(), GLM);
+        meta.kv_events = true;
+        r.upsert_endpoint(meta, Time::ZERO);
+        r.set_ready(&id, true).unwrap();
+        r.apply_kv_events(&id, &[KvEvent::AllBlocksCleared])
+            .unwrap();
+        scrape(&mut r, &id, t(1.0), 0, 4, kv);
+    }
+    r
+}
+
+/// One group's prompts: an 8,192-character shared prefix and a question.
+fn group_prompt(question: &str) -> PromptBlocks {
+    prompt(&format!("{}{question}", "s".repeat(8_192)))
+}
+
+/// Decides `blocks` on `r` with hashes that match nothing in the (empty) precise index.
+fn decide_uncached(
+    r: &Router,
+    blocks: &PromptBlocks,
+    rng: &mut ChaCha8Rng,
+) -> kinference_routing::Decision {
+    let cands = models(&[GLM]);
+    let hasher = FixedHasher(vec![1, 2, 3]);
+    let mut req = request(&cands[0], &cands, 2_100, blocks);
+    req.block_hasher = Some(&hasher);
+    r.decide(&req, t(1.1), rng)
+}
+
+#[test]
+fn a_recurring_prefix_has_one_home_that_every_sidecar_agrees_on_when_the_cache_is_short() {
+    let mut first_picks = BTreeMap::new();
+    let mut homes = BTreeMap::new();
+    for seed in 0..20u64 {
+        let mut r = affinity_fleet(8, 0.95);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        // The group's first prompt at this sidecar: its key was never seen, so no affinity.
+        let first = group_prompt("first question");
+        let d = decide_uncached(&r, &first, &mut rng);
+        assert_eq!(d.reason, Reason::TieBroken { tied: 8 });
+        *first_picks
+            .entry(d.chosen_endpoint().unwrap().to_string())
+            .or_insert(0) += 1;
+        let h = r.dispatch(&d, &first, t(1.1)).unwrap();
+        r.complete(h).unwrap();
+        // A later prompt of the group, cached nowhere (the precise index is still empty).
+        let d = decide_uncached(
+            &r,
+            &group_prompt(&format!("later question {seed}")),
+            &mut rng,
+        );
+        assert_eq!(d.chosen().unwrap().prediction.cached_tokens, 0);
+        *homes
+            .entry((
+                d.chosen_endpoint().unwrap().to_string(),
+                format!("{:?}", d.reason),
+            ))
+            .or_insert(0) += 1;
+    }
+    // Random ties spread the first prompts; the recurring group has one home for all 20 sidecars.
+    assert!(first_picks.len() >= 4, "{first_picks:?}");
+    assert_eq!(homes.len(), 1, "{homes:?}");
+    let ((_, reason), _) = homes.into_iter().next().unwrap();
+    assert_eq!(
+        reason,
+        format!("{:?}", Reason::PrefixAffinity { eligible: 8 })
+    );
+}
+
+#[test]
+fn affinity_is_off_when_the_cache_has_room_and_never_reaches_beyond_the_slack() {
+    for seed in 0..20u64 {
+        let run = |kv: f64, busy: &[usize]| {
+            let mut r = affinity_fleet(4, kv);
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let first = group_prompt("first");
+            let d = decide_uncached(&r, &first, &mut rng);
+            let h = r.dispatch(&d, &first, t(1.1)).unwrap();
+            r.complete(h).unwrap();
+            for i in 0..4 {
+                // Busy endpoints have 20 others waiting: seconds of queued prefill, beyond the slack.
+                let waiting = if busy.contains(&i) { 20 } else { 0 };
+                scrape(
+                    &mut r,
+                    &EndpointId::from(format!("e{i}")),
+                    t(1.05),
+                    waiting,
+                    4,
+                    kv,
+                );
+            }
+            decide_uncached(&r, &group_prompt("later"), &mut rng)
+        };
+        // Half the cache free: the plain lowest prediction, ties broken at random.
+        let d = run(0.5, &[]);
+        assert_eq!(d.reason, Reason::TieBroken { tied: 4 });
+        // A short cache, but only e2 is not busy: it wins wherever the home is.
+        let d = run(0.98, &[0, 1, 3]);
+        assert_eq!(d.chosen_endpoint().unwrap().as_str(), "e2");
+        assert_eq!(d.reason, Reason::LowestPredictedTtft);
+    }
+}
+
+#[test]
+fn within_the_slack_an_endpoint_holding_the_prefix_beats_the_home() {
+    // e_k holds the prompt's approximate prefix (this sidecar sent the group's first prompt there);
+    // with a short cache and every endpoint equally idle it stays the choice, whatever the home.
+    for seed in 0..20u64 {
+        let mut r = fleet(4, GLM, None);
+        for i in 0..4 {
+            scrape(
+                &mut r,
+                &EndpointId::from(format!("e{i}")),
+                t(1.0),
+                0,
+                4,
+                0.95,
+            );
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let cands = models(&[GLM]);
+        let first = group_prompt("first");
+        let d = r.decide(&request(&cands[0], &cands, 2_100, &first), t(1.1), &mut rng);
+        let holder = d.chosen_endpoint().unwrap().clone();
+        let h = r.dispatch(&d, &first, t(1.1)).unwrap();
+        r.complete(h).unwrap();
+        let later = group_prompt("later");
+        let d = r.decide(&request(&cands[0], &cands, 2_100, &later), t(1.1), &mut rng);
+        assert_eq!(d.chosen_endpoint(), Some(&holder));
+    }
 }

@@ -5,7 +5,8 @@
 //! overhead; the lowest predicted TTFT plus the delay the request would add to the requests queued
 //! behind it wins, within a tie window (see `docs/ttft-model.md`); the prefix overlap comes from vLLM KV events
 //! (precise mode) where they have arrived, else from the approximate index of what this sidecar sent.
-//! Its settings are `RouterConfig::default()`; the per-model priors are what a platform team
+//! Its settings are `RouterConfig::default()` (a sweep may override them, see `crate::tune`); the
+//! prefix affinity among near-equal candidates is the router's (`kinference_routing::affinity`); the per-model priors are what a platform team
 //! publishes from the model's profile (prefill rate, decode step, token budget), not fitted to
 //! this benchmark. When the policy allows it (low-complexity prompts in the two-model mix), the
 //! candidate models include the small model.
@@ -76,8 +77,8 @@ pub struct Kinference {
 }
 
 impl Kinference {
-    pub fn new(replicas: &[ReplicaInfo]) -> Self {
-        let mut router = routing::Router::new(RouterConfig::default());
+    pub fn new(replicas: &[ReplicaInfo], config: RouterConfig) -> Self {
+        let mut router = routing::Router::new(config);
         let mut ids = Vec::new();
         let mut models = Vec::new();
         let mut by_id = HashMap::new();
