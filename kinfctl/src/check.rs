@@ -2,6 +2,11 @@
 //! installation works, one pass/fail line per check, as `linkerd check` prints them. Every
 //! fact comes from the Kubernetes API, so the same command runs on a laptop against any
 //! cluster, and a failed check says what to run to fix it. Exits non-zero on any failure.
+//!
+//! With `--local` (or `--controller-addr` / `--proxy-admin`) it checks a running local system
+//! instead, through the controller's discovery API and the proxies' admin listeners ([`local`]).
+
+mod local;
 
 use std::{collections::BTreeMap, fmt, path::PathBuf, time::Duration};
 
@@ -44,6 +49,45 @@ pub struct Args {
     /// The control plane's namespace.
     #[arg(long, short = 'n', default_value = "kinference")]
     namespace: String,
+
+    /// Check a local system (controller and proxy on loopback) instead of a cluster: the
+    /// controller at --controller-addr and each --proxy-admin (defaults: the binaries' defaults).
+    #[arg(long, conflicts_with_all = ["pre", "kubeconfig", "api_server"])]
+    local: bool,
+
+    /// The policy controller's gRPC URL (a local check).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["pre", "kubeconfig", "api_server"])]
+    controller_addr: Option<String>,
+
+    /// A proxy's admin URL; repeat for several proxies (a local check).
+    #[arg(long = "proxy-admin", value_name = "URL", conflicts_with_all = ["pre", "kubeconfig", "api_server"])]
+    proxy_admin: Vec<String>,
+
+    /// The authority the proxies serve, whose policy the controller must serve (a local check).
+    #[arg(long, default_value = "llm.default.svc.cluster.local:8000")]
+    target: String,
+}
+
+impl Args {
+    /// The local system to check, when one was asked for.
+    fn local(&self) -> Option<local::Local> {
+        if !self.local && self.controller_addr.is_none() && self.proxy_admin.is_empty() {
+            return None;
+        }
+        let proxies = if self.proxy_admin.is_empty() {
+            vec!["http://127.0.0.1:4191".to_string()]
+        } else {
+            self.proxy_admin.clone()
+        };
+        Some(local::Local {
+            controller: self
+                .controller_addr
+                .clone()
+                .unwrap_or_else(|| "http://127.0.0.1:8090".into()),
+            proxies,
+            target: self.target.clone(),
+        })
+    }
 }
 
 /// One check's result.
@@ -82,9 +126,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
-        let client = client(&args).await?;
         let print = |o: &Outcome| println!("{o}");
-        let outcomes = checks(&client, &args.namespace, args.pre, print).await;
+        let outcomes = match args.local() {
+            Some(l) => local::checks(&l, print).await,
+            None => {
+                let client = client(&args).await?;
+                checks(&client, &args.namespace, args.pre, print).await
+            }
+        };
         let failed = outcomes.iter().filter(|o| !o.ok).count();
         println!();
         if failed == 0 {

@@ -1,8 +1,10 @@
 //! `kinfctl`: Kinference's command line, in the manner of `linkerd`: it prints the manifests that
 //! install the control plane, and injects workloads' manifests, so that both work with nothing but
-//! `kubectl apply`; and it checks a cluster before and after the install.
+//! `kubectl apply`; it checks a cluster before and after the install, or a local system; and it
+//! explains where a prompt would be routed and why.
 
 mod check;
+mod explain;
 mod inject;
 mod install;
 mod viz;
@@ -22,8 +24,11 @@ enum Command {
     Install(install::Args),
     /// Annotate workloads in manifests for proxy injection (pipe them to `kubectl apply -f -`).
     Inject(inject::Args),
-    /// Check that the cluster can take Kinference (--pre), or that the installation works.
+    /// Check that the cluster can take Kinference (--pre), that the installation works, or
+    /// (--local, --controller-addr, --proxy-admin) that a local system works.
     Check(check::Args),
+    /// Explain where a prompt would be routed and why: tags, rules, candidates, predictions.
+    Explain(explain::Args),
     /// Per-tenant stats, busiest routes and live decisions from kinference-viz.
     Viz(viz::Args),
 }
@@ -33,6 +38,7 @@ fn main() -> anyhow::Result<()> {
         Command::Install(args) => install::run(args),
         Command::Inject(args) => inject::run(args),
         Command::Check(args) => check::run(args),
+        Command::Explain(args) => explain::run(args),
         Command::Viz(args) => viz::run(args),
     }
 }

@@ -4,8 +4,11 @@
 //! `/live` answers while the process runs; `/ready` once a policy has been received (the last good
 //! one is kept if the controller goes away) and discovery has reported every model's pool, so a
 //! ready proxy can route; `/metrics` is the OpenMetrics exposition;
-//! `/debug/endpoints`, `POST /debug/classify` and `/debug/decisions` explain signals, tags and
-//! decisions without showing prompt text.
+//! `/debug/endpoints`, `POST /debug/classify`, `POST /debug/explain` (a dry run of the whole
+//! decision, see [`explain`]), `/debug/discovery` (whether the controller's streams are up) and
+//! `/debug/decisions` explain signals, tags and decisions without showing prompt text.
+
+pub mod explain;
 
 use crate::{
     inference::{ProxyBody, Shared, full},
@@ -18,7 +21,7 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
 };
-use std::{convert::Infallible, sync::Arc};
+use std::{convert::Infallible, sync::Arc, sync::atomic::Ordering};
 use tokio::net::TcpListener;
 
 /// The largest body `/debug/classify` reads.
@@ -82,8 +85,10 @@ pub async fn handle(
             )
         }
         "/debug/classify" if method == Method::POST => classify(shared, req).await,
+        "/debug/explain" if method == Method::POST => explain(shared, req).await,
+        "/debug/discovery" if get => discovery(&shared),
         "/live" | "/ready" | "/metrics" | "/debug/endpoints" | "/debug/decisions"
-        | "/debug/classify" => {
+        | "/debug/classify" | "/debug/explain" | "/debug/discovery" => {
             let e = ApiError::method_not_allowed(&method, &path);
             json(e.status, &e.to_json())
         }
@@ -94,8 +99,6 @@ pub async fn handle(
     }
 }
 
-/// `POST /debug/classify` with a chat or completion body: the tags with their explanation, and the
-/// candidate models the policy would allow.
 /// Ready to route: a policy, and discovery has reported the pool of each of its models.
 fn readiness(shared: &Shared) -> Result<(), String> {
     if shared.policy().is_none() {
@@ -112,16 +115,14 @@ fn readiness(shared: &Shared) -> Result<(), String> {
     }
 }
 
-async fn classify(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Response<ProxyBody> {
+/// Reads a chat (with `messages`) or completion body.
+async fn read_request(req: http::Request<Incoming>) -> Result<InferenceRequest, ApiError> {
     let bytes = match Limited::new(req.into_body(), CLASSIFY_LIMIT_BYTES)
         .collect()
         .await
     {
         Ok(b) => b.to_bytes(),
-        Err(_) => {
-            let e = ApiError::too_large(CLASSIFY_LIMIT_BYTES);
-            return json(e.status, &e.to_json());
-        }
+        Err(_) => return Err(ApiError::too_large(CLASSIFY_LIMIT_BYTES)),
     };
     let is_chat = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
@@ -131,7 +132,13 @@ async fn classify(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Re
     } else {
         Endpoint::Completion
     };
-    let request = match InferenceRequest::parse(endpoint, bytes) {
+    InferenceRequest::parse(endpoint, bytes)
+}
+
+/// `POST /debug/classify` with a chat or completion body: the tags with their explanation, and the
+/// candidate models the policy would allow.
+async fn classify(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Response<ProxyBody> {
+    let request = match read_request(req).await {
         Ok(r) => r,
         Err(e) => return json(e.status, &e.to_json()),
     };
@@ -154,6 +161,63 @@ async fn classify(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Re
             "explanation": explanation,
             "candidates": candidates,
             "unavailable": set.unavailable,
+        }),
+    )
+}
+
+/// `POST /debug/explain[?models=a,b]` with a chat or completion body: tags, rules, candidates and
+/// the routing decision over them (or over `models`), made now and neither dispatched nor recorded.
+async fn explain(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Response<ProxyBody> {
+    let models: Option<Vec<String>> = req.uri().query().and_then(|q| {
+        q.split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == "models")
+            .map(|(_, v)| {
+                v.split(',')
+                    .filter(|m| !m.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+    });
+    let request = match read_request(req).await {
+        Ok(r) => r,
+        Err(e) => return json(e.status, &e.to_json()),
+    };
+    let Some(state) = shared.policy() else {
+        let e = ApiError::unavailable("no inference policy yet");
+        return json(e.status, &e.to_json());
+    };
+    let set = shared
+        .classifiers
+        .get(&state.policy.revision, &state.proto.classifiers);
+    let explanation = set.explain(&request).await;
+    let out = explain::explain(
+        &state.policy,
+        explanation,
+        &request,
+        &shared.workload,
+        models,
+        Some(&shared.balance),
+    );
+    if out.candidates.is_none() && out.routing.is_none() {
+        let e = ApiError::unknown_model(&request.model);
+        return json(e.status, &e.to_json());
+    }
+    json(
+        StatusCode::OK,
+        &serde_json::to_value(&out).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// `GET /debug/discovery`: whether every stream to the controller is up, and the policy held.
+fn discovery(shared: &Shared) -> http::Response<ProxyBody> {
+    let policy = shared.policy();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "connected": shared.controller_connected.load(Ordering::Relaxed),
+            "policy": policy.as_ref().map(|s| explain::PolicySummary::of(&s.policy)),
+            "awaiting_endpoints": shared.balance.awaiting_endpoints(),
         }),
     )
 }

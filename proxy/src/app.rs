@@ -53,6 +53,19 @@ async fn sync(shared: Arc<Shared>, mut d: discovery::Discovery) {
     }
 }
 
+/// Mirrors discovery's connection state into the shared state (for `/debug/discovery`).
+async fn follow_connected(shared: Arc<Shared>, mut connected: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        let up = *connected.borrow_and_update();
+        shared
+            .controller_connected
+            .store(up, std::sync::atomic::Ordering::Relaxed);
+        if connected.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Runs the proxy until SIGINT or SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     init_logs(config.log_format);
@@ -81,6 +94,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         backoff_min: Duration::from_millis(100),
         backoff_max: Duration::from_secs(5),
     });
+    tokio::spawn(follow_connected(shared.clone(), d.connected.clone()));
     tokio::spawn(sync(shared.clone(), d));
     let _scrapers = signals::spawn(
         shared.balance.clone(),

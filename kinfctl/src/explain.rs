@@ -1,0 +1,223 @@
+//! `kinfctl explain`: why a prompt would go where it goes.
+//!
+//! For one prompt, requested model and policy it prints the tags (with the features that drove
+//! them), the rules that matched, the candidate models, each endpoint's predicted TTFT with every
+//! input and its age, and the choice with its reason. The policy comes from a running proxy
+//! (`--proxy`, whose admin listener runs the decision as a dry run), or is read as declared, from
+//! a manifest directory (`--manifests`) or the cluster (`--cluster`), and evaluated here with the
+//! proxy's own code; only a proxy knows the endpoints' live signals, so predictions need `--proxy`.
+//!
+//! The dry run itself is `kinference_proxy::admin::explain`, so what this prints is what the
+//! proxy computes, never a re-implementation of it.
+
+mod input;
+mod report;
+mod source;
+
+use std::{io::Read as _, path::PathBuf, time::Duration};
+
+use anyhow::Context as _;
+use kinference_proxy::{
+    admin::explain::explain,
+    openai::{Endpoint, InferenceRequest},
+    policy::{Policy, Workload},
+};
+
+pub use self::report::{Output, Report};
+
+/// Arguments of `kinfctl explain`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The prompt, as plain text (otherwise --file, else stdin).
+    #[arg(long, short = 'p', conflicts_with = "file")]
+    prompt: Option<String>,
+
+    /// A file holding the prompt: plain text, a JSON array of chat messages, or a whole chat or
+    /// completion request body. `-` reads stdin.
+    #[arg(long, short = 'f', value_name = "FILE")]
+    file: Option<PathBuf>,
+
+    /// The model the request asks for (required unless the body names one; overrides it).
+    #[arg(long, short = 'm')]
+    model: Option<String>,
+
+    /// The request's max_tokens.
+    #[arg(long)]
+    max_tokens: Option<u32>,
+
+    /// A running proxy's admin URL, e.g. http://127.0.0.1:4191: its policy, unless --manifests
+    /// or --cluster give one, and its live endpoint predictions.
+    #[arg(long, value_name = "URL")]
+    proxy: Option<String>,
+
+    /// Read the policy from this directory of manifests (InferencePolicy, InferenceClassifier,
+    /// InferencePool, HTTPRoute, Service), as the controller's manifest mode does.
+    #[arg(long, value_name = "DIR", conflicts_with = "cluster")]
+    manifests: Option<PathBuf>,
+
+    /// Read the policy from the cluster of the current kubeconfig context.
+    #[arg(long)]
+    cluster: bool,
+
+    /// With --cluster: the kubeconfig file (default: $KUBECONFIG or ~/.kube/config).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "cluster",
+        conflicts_with = "api_server"
+    )]
+    kubeconfig: Option<PathBuf>,
+
+    /// With --cluster: talk to this API server URL directly, without credentials.
+    #[arg(long, value_name = "URL", requires = "cluster")]
+    api_server: Option<String>,
+
+    /// The authority the application calls, e.g. llm.default.svc.cluster.local:8000, whose
+    /// policy applies (default: the only Service port with a policy).
+    #[arg(long)]
+    target: Option<String>,
+
+    /// The calling workload, `namespace/name`, for rules that match workloads.
+    #[arg(long, default_value = "default/app")]
+    workload: String,
+
+    /// The workload's labels, `key=value`.
+    #[arg(long = "workload-label", value_delimiter = ',')]
+    workload_labels: Vec<String>,
+
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value = "table")]
+    output: Output,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.proxy.is_none() && args.manifests.is_none() && !args.cluster {
+        anyhow::bail!(
+            "say where the policy comes from: --proxy <admin URL>, --manifests <dir> or --cluster"
+        );
+    }
+    let text = match (&args.prompt, &args.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(path)) if path.as_os_str() != "-" => {
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+        }
+        _ => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading the prompt from stdin")?;
+            s
+        }
+    };
+    let body = input::request_body(&text, args.model.as_deref(), args.max_tokens)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let value = runtime.block_on(explain_body(&args, &body))?;
+    let report: Report =
+        serde_json::from_value(value.clone()).context("reading the explanation")?;
+    match args.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&value)?),
+        Output::Table => print!("{}", report.render()),
+    }
+    Ok(())
+}
+
+/// The explanation as JSON: the proxy's dry run, or the declared policy's (with the proxy's
+/// predictions over its candidates when a proxy is given too).
+async fn explain_body(args: &Args, body: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .build()
+        .context("building the HTTP client")?;
+    let declared = if let Some(dir) = &args.manifests {
+        Some(source::from_manifests(dir, args.target.as_deref())?)
+    } else if args.cluster {
+        let client =
+            source::cluster_client(args.kubeconfig.as_ref(), args.api_server.as_deref()).await?;
+        Some(source::from_cluster(&client, args.target.as_deref()).await?)
+    } else {
+        None
+    };
+    let Some(declared) = declared else {
+        let proxy = args.proxy.as_deref().unwrap_or_default();
+        let mut v = ask_proxy(&http, proxy, body, None).await?;
+        v["source"] = serde_json::json!({ "policy": format!("proxy {proxy}"), "predictions": format!("proxy {proxy}") });
+        return Ok(v);
+    };
+
+    let policy = Policy::from_proto(&declared.proto);
+    let compiled =
+        kinference_proxy::classify::compile(&declared.proto.classifiers, &Default::default());
+    let request = parse(body)?;
+    let workload = Workload::parse(&args.workload, label_pairs(&args.workload_labels));
+    let explanation = compiled.explain(&request).await;
+    let e = explain(&policy, explanation, &request, &workload, None, None);
+    let mut v = serde_json::to_value(&e)?;
+    v["source"] = serde_json::json!({
+        "policy": declared.source,
+        "target": declared.target,
+        "predictions": args.proxy.as_ref().map(|p| format!("proxy {p}")),
+    });
+    if let Some(status) = &policy.status_message {
+        anyhow::bail!("the policy for {} is not served: {status}", declared.target);
+    }
+    let Some(candidates) = &e.candidates else {
+        return Ok(v);
+    };
+    if let Some(proxy) = &args.proxy {
+        let live = ask_proxy(&http, proxy, body, Some(&candidates.models)).await?;
+        v["routing"] = live["routing"].clone();
+        v["live_policy"] = live["policy"].clone();
+    }
+    Ok(v)
+}
+
+fn parse(body: &serde_json::Value) -> anyhow::Result<InferenceRequest> {
+    let endpoint = if body.get("messages").is_some() {
+        Endpoint::Chat
+    } else {
+        Endpoint::Completion
+    };
+    InferenceRequest::parse(endpoint, bytes::Bytes::from(body.to_string()))
+        .map_err(|e| anyhow::anyhow!("the request is not valid: {}", e.message))
+}
+
+fn label_pairs(labels: &[String]) -> Vec<(String, String)> {
+    labels
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// `POST /debug/explain` on the proxy's admin listener.
+async fn ask_proxy(
+    http: &reqwest::Client,
+    admin: &str,
+    body: &serde_json::Value,
+    models: Option<&[String]>,
+) -> anyhow::Result<serde_json::Value> {
+    let mut url = format!("{}/debug/explain", admin.trim_end_matches('/'));
+    if let Some(models) = models {
+        url.push_str("?models=");
+        url.push_str(&models.join(","));
+    }
+    let rsp = http
+        .post(&url)
+        .json(body)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the proxy's admin listener at {admin}"))?;
+    let status = rsp.status();
+    let v: serde_json::Value = rsp
+        .json()
+        .await
+        .with_context(|| format!("reading {url}'s answer"))?;
+    if !status.is_success() {
+        let msg = v["error"]["message"].as_str().unwrap_or("(no message)");
+        anyhow::bail!("the proxy at {admin} answered {status}: {msg}");
+    }
+    Ok(v)
+}
