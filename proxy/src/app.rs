@@ -2,7 +2,9 @@
 //!
 //! Discovery feeds the policy and the endpoint set; a sync task applies both to the shared state
 //! and the balancer; the scrapers follow the balancer's endpoints; the outbound and admin
-//! listeners serve until the process is told to stop.
+//! listeners serve until the process is told to stop. Each target (the configured default one,
+//! and each original destination of redirected connections that has an inference policy) gets
+//! its own discovery, balancer and service; metrics and decision records are shared.
 
 use crate::{
     admin,
@@ -10,7 +12,11 @@ use crate::{
     dispatch::Dispatch,
     inference::Shared,
     policy::Workload,
-    server::{self, OpenAi, RequestIdLayer},
+    server::{
+        self, OpenAi, RequestIdLayer, RequestIdService,
+        orig_dst::SoOriginalDst,
+        targets::{ControllerResolve, Targets},
+    },
     signals,
 };
 use anyhow::Context as _;
@@ -66,6 +72,66 @@ async fn follow_connected(shared: Arc<Shared>, mut connected: tokio::sync::watch
     }
 }
 
+/// The stack that serves one target's OpenAI traffic.
+type TargetService = RequestIdService<OpenAi<Dispatch>>;
+
+/// Starts the stack of one target (a Service authority, or the `ip:port` a redirected connection
+/// was going to): its discovery streams, the task applying them, the scrapers of its endpoints,
+/// and the service. `shared` is the target's own state; metrics and decision records are the
+/// sidecar's, shared by every target.
+fn spawn_target(config: &Config, target: String, shared: Arc<Shared>) -> TargetService {
+    let d = discovery::spawn(DiscoveryConfig {
+        controller: config.controller_addr.clone(),
+        target,
+        workload: config.workload.clone(),
+        backoff_min: Duration::from_millis(100),
+        backoff_max: Duration::from_secs(5),
+    });
+    tokio::spawn(follow_connected(shared.clone(), d.connected.clone()));
+    tokio::spawn(sync(shared.clone(), d));
+    let _scrapers = signals::spawn(
+        shared.balance.clone(),
+        shared.metrics.clone(),
+        config.scrape_interval(),
+        config.scrape_timeout(),
+    );
+    let dispatch = Dispatch::new(
+        config.upstream_protocol,
+        config.connect_timeout(),
+        config.response_timeout(),
+    );
+    let front = OpenAi::new(
+        shared,
+        dispatch,
+        config.body_limit_bytes,
+        config.allow_tenant_header,
+        config.workload.clone(),
+    );
+    tower::ServiceBuilder::new()
+        .layer(RequestIdLayer)
+        .service(front)
+}
+
+/// How long the first connection to a new inference destination waits for its policy and
+/// endpoints; after it, requests are served (and refused if there is still no policy).
+const FIRST_POLICY_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until `shared` can route (a policy, and endpoints reported for each of its pools, as
+/// `/ready` requires), or `limit` has passed.
+async fn ready(shared: &Shared, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !(shared.policy().is_some() && shared.balance.awaiting_endpoints().is_empty())
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn new_shared(config: &Config) -> Shared {
+    let workload = Workload::parse(&config.workload, config.workload_label_pairs());
+    Shared::new(workload, config.retry_budget, config.decision_records)
+}
+
 /// Runs the proxy until SIGINT or SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     init_logs(config.log_format);
@@ -79,48 +145,55 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let admin_addr = admin_listener.local_addr()?;
     // A line scripts and tests read to find the ports.
     println!("kinference-proxy listen={listen_addr} admin={admin_addr}");
-    tracing::info!(%listen_addr, %admin_addr, target = %config.target, workload = %config.workload, "serving");
-
-    let workload = Workload::parse(&config.workload, config.workload_label_pairs());
-    let shared = Arc::new(Shared::new(
-        workload,
-        config.retry_budget,
-        config.decision_records,
-    ));
-    let d = discovery::spawn(DiscoveryConfig {
-        controller: config.controller_addr.clone(),
-        target: config.target.clone(),
-        workload: config.workload.clone(),
-        backoff_min: Duration::from_millis(100),
-        backoff_max: Duration::from_secs(5),
-    });
-    tokio::spawn(follow_connected(shared.clone(), d.connected.clone()));
-    tokio::spawn(sync(shared.clone(), d));
-    let _scrapers = signals::spawn(
-        shared.balance.clone(),
-        shared.metrics.clone(),
-        config.scrape_interval(),
-        config.scrape_timeout(),
+    tracing::info!(
+        %listen_addr,
+        %admin_addr,
+        target = %config.target,
+        workload = %config.workload,
+        workload_kind = config.workload_kind.as_deref().unwrap_or(""),
+        pod = %format_args!(
+            "{}/{}",
+            config.pod_namespace.as_deref().unwrap_or(""),
+            config.pod_name.as_deref().unwrap_or("")
+        ),
+        service_account = config.service_account.as_deref().unwrap_or(""),
+        "serving"
     );
+
+    // The default target serves direct use; the admin listener reports on it, and its metrics
+    // and decision records are every target's.
+    let shared = Arc::new(new_shared(&config));
+    let direct = spawn_target(&config, config.target.clone(), shared.clone());
     tokio::spawn(admin::serve(admin_listener, shared.clone()));
 
-    let dispatch = Dispatch::new(
-        config.upstream_protocol,
-        config.connect_timeout(),
-        config.response_timeout(),
-    );
-    let front = OpenAi::new(
-        shared.clone(),
-        dispatch,
-        config.body_limit_bytes,
-        config.allow_tenant_header,
+    let config = Arc::new(config);
+    let make = {
+        let (config, base) = (config.clone(), shared.clone());
+        move |dst: std::net::SocketAddr| {
+            let mut own = new_shared(&config);
+            own.metrics = base.metrics.clone();
+            own.decisions = base.decisions.clone();
+            let own = Arc::new(own);
+            let service = spawn_target(&config, dst.to_string(), own.clone());
+            Box::pin(async move {
+                ready(&own, FIRST_POLICY_WAIT).await;
+                service
+            }) as futures::future::BoxFuture<'static, TargetService>
+        }
+    };
+    let resolve = ControllerResolve::new(
+        config.controller_addr.clone(),
         config.workload.clone(),
+        Duration::from_secs(5),
     );
-    let service = tower::ServiceBuilder::new()
-        .layer(RequestIdLayer)
-        .service(front);
+    let outbound = Arc::new(server::Outbound {
+        direct,
+        targets: Targets::new(resolve, config.destination_recheck(), make),
+        orig_dst: SoOriginalDst,
+        connect_timeout: config.connect_timeout(),
+    });
     tokio::select! {
-        _ = server::serve(listener, service) => {}
+        _ = server::serve_outbound(listener, outbound) => {}
         _ = shutdown() => tracing::info!("shutting down"),
     }
     Ok(())

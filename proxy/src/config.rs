@@ -2,9 +2,15 @@
 //!
 //! Everything that identifies the workload (its tenant, the parent it calls) comes from here and
 //! never from a request, unless the operator explicitly allows a tenant header.
+//!
+//! The injector sets these variables on the proxy container; [`Config::from_env_vars`] parses such
+//! a list without touching the process environment, so a test holds the two to one contract.
 
-use clap::Parser;
-use std::{net::SocketAddr, time::Duration};
+use clap::{ArgAction, CommandFactory, Parser, error::ErrorKind};
+use std::{ffi::OsStr, net::SocketAddr, time::Duration};
+
+/// Variables the proxy reads outside this struct: the log filter (`tracing`'s `EnvFilter`).
+pub const READ_ELSEWHERE: &[&str] = &["RUST_LOG"];
 
 /// How the proxy speaks to model servers.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -30,6 +36,7 @@ pub enum LogFormat {
 )]
 pub struct Config {
     /// Where the application's OpenAI requests arrive (HTTP/1.1 and h2c); port 0 picks a free port.
+    /// In an injected pod, proxy-init redirects the app's outbound TCP here.
     #[arg(
         long,
         env = "KINFERENCE_PROXY_LISTEN_ADDR",
@@ -53,7 +60,9 @@ pub struct Config {
     )]
     pub controller_addr: http::Uri,
 
-    /// The parent authority the application calls, as the controller keys policy by it.
+    /// The default target: the parent authority whose policy serves direct use (requests sent
+    /// to the listener itself, e.g. with `OPENAI_BASE_URL=http://127.0.0.1:4140/v1`). Connections
+    /// redirected by proxy-init are looked up by their original destination instead.
     #[arg(
         long,
         env = "KINFERENCE_PROXY_TARGET",
@@ -64,6 +73,31 @@ pub struct Config {
     /// The workload this sidecar serves, `namespace/name`: the tenant of every request.
     #[arg(long, env = "KINFERENCE_PROXY_WORKLOAD", default_value = "default/app")]
     pub workload: String,
+
+    /// The workload's kind (`Deployment`, `Job`, ...), for logs.
+    #[arg(long, env = "KINFERENCE_PROXY_WORKLOAD_KIND")]
+    pub workload_kind: Option<String>,
+
+    /// The pod's name, for logs.
+    #[arg(long, env = "KINFERENCE_PROXY_POD_NAME")]
+    pub pod_name: Option<String>,
+
+    /// The pod's namespace, for logs.
+    #[arg(long, env = "KINFERENCE_PROXY_POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+
+    /// The pod's service account, for logs.
+    #[arg(long, env = "KINFERENCE_PROXY_SERVICE_ACCOUNT")]
+    pub service_account: Option<String>,
+
+    /// How long a redirected destination found not to be an inference target is forwarded as
+    /// plain TCP before the controller is asked about it again, in milliseconds.
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_DESTINATION_RECHECK_MS",
+        default_value_t = 30_000
+    )]
+    pub destination_recheck_ms: u64,
 
     /// The workload's pod labels, `key=value`, for policy rules that select workloads by label.
     #[arg(
@@ -141,6 +175,44 @@ pub struct Config {
 }
 
 impl Config {
+    /// Parses a container's environment (`NAME`, `value` pairs) as the proxy would read it, without
+    /// reading or changing the process environment. A variable the proxy does not read is an
+    /// error, so an injector that sets one fails a test instead of being silently ignored.
+    pub fn from_env_vars<'a>(
+        vars: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, clap::Error> {
+        let cmd = Self::command();
+        let mut argv = vec![cmd.get_name().to_string()];
+        for (name, value) in vars {
+            if READ_ELSEWHERE.contains(&name) {
+                continue;
+            }
+            let Some(arg) = cmd
+                .get_arguments()
+                .find(|a| a.get_env() == Some(OsStr::new(name)))
+            else {
+                return Err(clap::Error::raw(
+                    ErrorKind::UnknownArgument,
+                    format!("the proxy does not read {name}"),
+                ));
+            };
+            let long = arg.get_long().unwrap_or_else(|| arg.get_id().as_str());
+            match arg.get_action() {
+                ArgAction::SetTrue => {
+                    if !matches!(value, "" | "0" | "false" | "no" | "off") {
+                        argv.push(format!("--{long}"));
+                    }
+                }
+                _ => argv.push(format!("--{long}={value}")),
+            }
+        }
+        Self::try_parse_from(argv)
+    }
+
+    pub fn destination_recheck(&self) -> Duration {
+        Duration::from_millis(self.destination_recheck_ms)
+    }
+
     pub fn scrape_interval(&self) -> Duration {
         Duration::from_millis(self.scrape_interval_ms.max(1))
     }
@@ -197,5 +269,25 @@ mod tests {
             ]
         );
         assert_eq!(c.response_timeout(), None);
+    }
+
+    #[test]
+    fn environment_lists_parse_and_unknown_variables_are_refused() {
+        let c = Config::from_env_vars([
+            ("KINFERENCE_PROXY_LISTEN_ADDR", "127.0.0.1:4140"),
+            ("KINFERENCE_PROXY_WORKLOAD", "apps/web"),
+            ("KINFERENCE_PROXY_WORKLOAD_LABELS", "app=web,tier=gold"),
+            ("KINFERENCE_PROXY_ALLOW_TENANT_HEADER", "true"),
+            ("KINFERENCE_PROXY_POD_NAME", "web-0"),
+            ("RUST_LOG", "debug"),
+        ])
+        .unwrap();
+        assert_eq!(c.workload, "apps/web");
+        assert_eq!(c.pod_name.as_deref(), Some("web-0"));
+        assert!(c.allow_tenant_header);
+        assert_eq!(c.workload_label_pairs().len(), 2);
+        let e = Config::from_env_vars([("KINFERENCE_PROXY_TYPO", "1")]).unwrap_err();
+        assert!(e.to_string().contains("KINFERENCE_PROXY_TYPO"), "{e}");
+        assert!(Config::from_env_vars([("KINFERENCE_PROXY_LISTEN_ADDR", "nope")]).is_err());
     }
 }

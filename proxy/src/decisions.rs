@@ -6,7 +6,7 @@
 
 use parking_lot::Mutex;
 use serde::Serialize;
-use std::collections::VecDeque;
+use std::{collections::VecDeque, sync::Arc};
 
 /// One tag on the request, without the prompt it came from.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -39,18 +39,19 @@ pub struct DecisionRecord {
     pub decision_duration_s: f64,
 }
 
-/// The recent records, newest last.
-#[derive(Debug)]
+/// The recent records, newest last. Clones share one ring, so the stacks of every destination a
+/// sidecar serves write to the one `/debug/decisions` shows.
+#[derive(Clone, Debug)]
 pub struct Decisions {
     capacity: usize,
-    records: Mutex<VecDeque<DecisionRecord>>,
+    records: Arc<Mutex<VecDeque<DecisionRecord>>>,
 }
 
 impl Decisions {
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity: capacity.max(1),
-            records: Mutex::new(VecDeque::with_capacity(capacity.clamp(1, 4096))),
+            records: Arc::new(Mutex::new(VecDeque::with_capacity(capacity.clamp(1, 4096)))),
         }
     }
 

@@ -5,6 +5,15 @@
 //! the response), then [`OpenAi`], which checks method and content type, reads the body once up to
 //! the limit, parses it, and hands the typed request to the inference layer. Every request is
 //! answered, with an OpenAI error object when it cannot be served.
+//!
+//! Which stack serves a connection depends on where the app was calling ([`serve_outbound`]): a
+//! connection iptables redirected here keeps its original destination, and is served by that
+//! destination's stack when the controller has an inference policy for it, or forwarded as plain
+//! TCP when it has none; a connection to the listener itself (direct use) is served by the stack
+//! of the configured default target.
+
+pub mod orig_dst;
+pub mod targets;
 
 use crate::{
     dispatch::{Attempt, DispatchService, UpstreamBody},
@@ -29,7 +38,12 @@ use std::{
     task::{Context, Poll},
     time::Instant,
 };
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+
+use self::{
+    orig_dst::{Destination, OrigDst},
+    targets::{Resolve, Route, Targets},
+};
 
 /// The header that may name the tenant when the operator allows it.
 pub const TENANT_HEADER: &str = "x-kinference-tenant";
@@ -327,7 +341,7 @@ impl<S> OpenAi<S> {
     }
 }
 
-/// Serves the outbound listener until the task is dropped.
+/// Serves the outbound listener, all connections by one stack, until the task is dropped.
 pub async fn serve<S>(listener: TcpListener, service: S)
 where
     S: tower::Service<
@@ -340,23 +354,122 @@ where
     S::Future: Send + 'static,
 {
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(s) => s,
+        let (stream, peer) = accept(&listener).await;
+        tokio::spawn(serve_http(stream, peer, service.clone()));
+    }
+}
+
+/// The outbound listener's routing: the default target's stack for direct use, and per original
+/// destination for redirected connections.
+pub struct Outbound<S, R, O> {
+    /// The stack of the configured default target.
+    pub direct: S,
+    pub targets: Targets<S, R>,
+    pub orig_dst: O,
+    /// How long to connect to a forwarded connection's destination.
+    pub connect_timeout: std::time::Duration,
+}
+
+impl<S, R, O> std::fmt::Debug for Outbound<S, R, O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbound")
+            .field("targets", &self.targets)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serves the outbound listener with traffic capture until the task is dropped.
+pub async fn serve_outbound<S, R, O>(listener: TcpListener, outbound: Arc<Outbound<S, R, O>>)
+where
+    S: tower::Service<
+            http::Request<Incoming>,
+            Response = http::Response<ProxyBody>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    R: Resolve,
+    O: OrigDst,
+{
+    loop {
+        let (stream, peer) = accept(&listener).await;
+        let local = match stream.local_addr() {
+            Ok(a) => a,
             Err(error) => {
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                tracing::debug!(%peer, %error, "connection gone before it was served");
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
-        let svc = TowerToHyperService::new(service.clone());
+        let orig = outbound.orig_dst.orig_dst(&stream).unwrap_or_else(|error| {
+            tracing::warn!(%peer, %error, "cannot read the original destination; serving as direct use");
+            None
+        });
+        let outbound = outbound.clone();
         tokio::spawn(async move {
-            if let Err(error) = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), svc)
-                .await
-            {
-                tracing::debug!(%peer, %error, "connection ended with an error");
+            match Destination::of(local, orig) {
+                Destination::Direct => serve_http(stream, peer, outbound.direct.clone()).await,
+                Destination::Redirected(dst) => match outbound.targets.route(dst).await {
+                    Route::Inference(svc) => serve_http(stream, peer, svc).await,
+                    Route::Forward => forward(stream, dst, outbound.connect_timeout).await,
+                },
             }
         });
+    }
+}
+
+async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                return (stream, peer);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// Serves one connection's HTTP/1.1 or h2c requests with `service`.
+async fn serve_http<S>(stream: TcpStream, peer: std::net::SocketAddr, service: S)
+where
+    S: tower::Service<
+            http::Request<Incoming>,
+            Response = http::Response<ProxyBody>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let svc = TowerToHyperService::new(service);
+    if let Err(error) = auto::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(stream), svc)
+        .await
+    {
+        tracing::debug!(%peer, %error, "connection ended with an error");
+    }
+}
+
+/// Copies bytes both ways between the app's connection and its original destination.
+async fn forward(mut inbound: TcpStream, dst: std::net::SocketAddr, timeout: std::time::Duration) {
+    let mut outbound = match tokio::time::timeout(timeout, TcpStream::connect(dst)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(error)) => {
+            tracing::debug!(%dst, %error, "cannot connect to the original destination");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%dst, "connecting to the original destination timed out");
+            return;
+        }
+    };
+    let _ = outbound.set_nodelay(true);
+    if let Err(error) = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await {
+        tracing::debug!(%dst, %error, "forwarded connection ended with an error");
     }
 }

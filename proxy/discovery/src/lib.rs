@@ -30,7 +30,8 @@ use tokio::sync::watch;
 pub struct DiscoveryConfig {
     /// The controller's gRPC address, e.g. `http://127.0.0.1:8090` (one tonic channel, h2).
     pub controller: http::Uri,
-    /// The parent authority the app calls, e.g. `llm.default.svc.cluster.local:80`.
+    /// The parent authority the app calls, e.g. `llm.default.svc.cluster.local:80`, or the
+    /// `ip:port` it connected to (looked up by address).
     pub target: String,
     /// This sidecar's workload identity (`ns/name`), sent as linkerd's `source_workload`.
     pub workload: String,

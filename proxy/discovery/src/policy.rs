@@ -11,12 +11,12 @@ use crate::{
 };
 use kinference_proxy_api::{
     InferencePoliciesClient,
-    inference::{InferencePolicy, InferenceTarget, inference_target},
+    inference::{InferencePolicy, InferenceTarget, SocketAddress, inference_target},
 };
 use linkerd2_proxy_api::outbound::{
     OutboundPolicy, TrafficSpec, outbound_policies_client::OutboundPoliciesClient, traffic_spec,
 };
-use std::{future::Future, sync::Arc};
+use std::{future::Future, net::SocketAddr, sync::Arc};
 use tokio::sync::watch;
 use tonic::{Status, Streaming, transport::Channel};
 
@@ -28,7 +28,13 @@ pub(crate) async fn watch_inference(
 ) {
     let target = InferenceTarget {
         source_workload: config.workload.clone(),
-        target: Some(inference_target::Target::Authority(config.target.clone())),
+        target: Some(match config.target.parse::<SocketAddr>() {
+            Ok(a) => inference_target::Target::Addr(SocketAddress {
+                ip: a.ip().to_string(),
+                port: u32::from(a.port()),
+            }),
+            Err(_) => inference_target::Target::Authority(config.target.clone()),
+        }),
     };
     let call = move || {
         let mut client = InferencePoliciesClient::new(channel.clone());
@@ -46,7 +52,12 @@ pub(crate) async fn watch_outbound(
 ) {
     let spec = TrafficSpec {
         source_workload: config.workload.clone(),
-        target: Some(traffic_spec::Target::Authority(config.target.clone())),
+        // An `ip:port` target (a redirected connection's original destination) is looked up
+        // by address, as linkerd's proxies do; anything else is a Service authority.
+        target: Some(match config.target.parse::<SocketAddr>() {
+            Ok(a) => traffic_spec::Target::Addr(a.into()),
+            Err(_) => traffic_spec::Target::Authority(config.target.clone()),
+        }),
     };
     let call = move || {
         let mut client = OutboundPoliciesClient::new(channel.clone());

@@ -1,0 +1,553 @@
+//! Traffic capture, for real: proxy-init's iptables rules in a network namespace send an app's
+//! call to a Service's cluster IP through the proxy, which recovers the original destination,
+//! looks its policy up by it and routes the request to the simulated fleet.
+//!
+//! The test makes an "app" network namespace joined to the root namespace by a veth pair. In the
+//! root namespace, on the veth's address: the policy controller (manifest mode, `examples/` with
+//! the `llm` Service given the cluster IP 10.96.0.10 and the EndpointSlices pointed at the veth),
+//! two simulated vLLM replicas, and a plain HTTP server that is no inference target. In the app
+//! namespace: `kinference-proxy-init` (run twice: it must be idempotent), the proxy as UID 2102
+//! (the UID the rules exempt), and the app, a thread of this test that enters the namespace and
+//! calls `http://10.96.0.10:8000/v1/chat/completions` as root. The answer must come from the fleet
+//! and the proxy's `/debug/decisions` must hold the request's id; the call to the plain server
+//! must pass through the proxy untouched; a call to the proxy's own port is direct use.
+//!
+//! Needs root, `ip` (iproute2), `iptables` and `setpriv` (util-linux). It skips, saying so, only
+//! where a network namespace cannot be created. Everything it creates (namespace, veth pair and,
+//! with the namespace, its iptables rules) is removed when it ends, pass or fail; names carry the
+//! process id so parallel runs do not collide. The controller, simulator and proxy-init binaries
+//! come from the workspace test build (`cargo nextest run --workspace`).
+
+#![cfg(target_os = "linux")]
+
+use kinference_proxy::local;
+use serde_json::{Value, json};
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    io::{BufRead, BufReader, Read, Write},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+const PROXY: &str = env!("CARGO_BIN_EXE_kinference-proxy");
+const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const SERVICE_PORT: u16 = 8000;
+const PROXY_UID: u32 = 2102;
+const PROXY_PORT: u16 = 4140;
+const ADMIN_PORT: u16 = 4191;
+
+/// Runs `program args`, returning its stdout, or its stderr as the error.
+fn run(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
+    let out = Command::new(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{program} {args:?}: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn ip(args: &[&str]) {
+    run("ip", args, &[]).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The app namespace and the veth pair; deleted when dropped (the namespace's iptables rules go
+/// with it).
+struct Net {
+    ns: String,
+    host_if: String,
+    root_ip: Ipv4Addr,
+    app_ip: Ipv4Addr,
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        let _ = run("ip", &["netns", "del", &self.ns], &[]);
+        // Gone with the namespace normally; removed here if the namespace never got its end.
+        let _ = run("ip", &["link", "del", &self.host_if], &[]);
+    }
+}
+
+/// Creates the namespace (the probe: `None` when this machine cannot) and wires it up.
+fn create_net() -> Option<Net> {
+    let pid = std::process::id();
+    let ns = format!("kinf-capture-{pid}");
+    if let Err(e) = run("ip", &["netns", "add", &ns], &[]) {
+        eprintln!(
+            "SKIPPED: cannot create a network namespace here ({e}); the capture test needs root and `ip netns`"
+        );
+        return None;
+    }
+    // A /30 per process id, so concurrent runs use different addresses.
+    let base = (pid % 16_000) * 4;
+    let octets = |last: u32| Ipv4Addr::new(10, 213, (base / 256) as u8, (base % 256 + last) as u8);
+    let net = Net {
+        host_if: format!("kch{pid}"),
+        ns,
+        root_ip: octets(1),
+        app_ip: octets(2),
+    };
+    let app_if = format!("kca{pid}");
+    let (ns, host_if) = (net.ns.as_str(), net.host_if.as_str());
+    ip(&[
+        "link", "add", host_if, "type", "veth", "peer", "name", &app_if,
+    ]);
+    ip(&["link", "set", &app_if, "netns", ns]);
+    ip(&[
+        "addr",
+        "add",
+        &format!("{}/30", net.root_ip),
+        "dev",
+        host_if,
+    ]);
+    ip(&["link", "set", host_if, "up"]);
+    ip(&[
+        "-n",
+        ns,
+        "addr",
+        "add",
+        &format!("{}/30", net.app_ip),
+        "dev",
+        &app_if,
+    ]);
+    ip(&["-n", ns, "link", "set", &app_if, "up"]);
+    ip(&["-n", ns, "link", "set", "lo", "up"]);
+    // The cluster IP is reached through the veth, as a pod reaches it through its interface.
+    ip(&[
+        "-n",
+        ns,
+        "route",
+        "add",
+        "default",
+        "via",
+        &net.root_ip.to_string(),
+    ]);
+    Some(net)
+}
+
+/// A workspace binary the test build made.
+fn binary(name: &str, package: &str) -> PathBuf {
+    let path = local::target_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: the workspace test build makes it (cargo nextest run --workspace); \
+         run alone, cargo build -p {package} first",
+        path.display()
+    );
+    path
+}
+
+/// `path`, or a copy of it that UID 2102 can run when some directory above it is closed to
+/// other users.
+fn runnable_by_others(path: &Path, scratch: &Path) -> PathBuf {
+    let open = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.permissions().mode() & 0o001 != 0)
+            .unwrap_or(false)
+    };
+    if path.ancestors().all(open) {
+        return path.to_path_buf();
+    }
+    let dir = scratch.join("bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join(path.file_name().unwrap());
+    std::fs::copy(path, &copy).unwrap();
+    for p in [scratch, dir.as_path(), copy.as_path()] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    copy
+}
+
+/// `examples/` for this network: the Service gets the cluster IP, the slices the veth address.
+fn write_manifests(dir: &Path, ports: &BTreeMap<String, Vec<u16>>, endpoint_ip: Ipv4Addr) {
+    local::write_manifests(
+        &local::workspace_root().join("examples"),
+        dir,
+        ports,
+        &|_| {},
+    )
+    .unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut out = String::new();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let mut doc: serde_yaml::Value = serde::Deserialize::deserialize(doc).unwrap();
+            match doc.get("kind").and_then(|k| k.as_str()) {
+                Some("Service") => {
+                    doc["spec"]["clusterIP"] = CLUSTER_IP.to_string().into();
+                }
+                Some("EndpointSlice") => {
+                    if let Some(eps) = doc["endpoints"].as_sequence_mut() {
+                        for ep in eps {
+                            ep["addresses"] = vec![endpoint_ip.to_string()].into();
+                        }
+                    }
+                }
+                _ => {}
+            }
+            if !doc.is_null() {
+                out.push_str("---\n");
+                out.push_str(&serde_yaml::to_string(&doc).unwrap());
+            }
+        }
+        std::fs::write(&path, out).unwrap();
+    }
+}
+
+/// A child process, killed and reaped when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `cmd` and waits for a stdout line starting with `prefix`.
+fn spawn_until(mut cmd: Command, prefix: &str) -> (Proc, String) {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+    let mut child = Proc(cmd.spawn().expect("the process starts"));
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    loop {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) if line.starts_with(prefix) => return (child, line),
+            Ok(_) => continue,
+            Err(e) => panic!("no {prefix:?} line: {e}"),
+        }
+    }
+}
+
+/// Runs `f` on a thread that has entered the namespace `ns`: its sockets are the app's.
+fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = File::open(&path).unwrap();
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// One HTTP/1.1 exchange over a plain socket, as an app with no proxy settings makes it.
+#[derive(Debug)]
+struct Rsp {
+    status: u16,
+    headers: BTreeMap<String, String>,
+    body: String,
+}
+
+fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Rsp {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no response head from {addr}: {text:?}"));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().split_whitespace().nth(1).unwrap();
+    let headers: BTreeMap<String, String> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let body = if headers.get("transfer-encoding").map(String::as_str) == Some("chunked") {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Rsp {
+        status: status.parse().unwrap(),
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A plain HTTP server that is no inference target; answers every request with `passthrough-ok`.
+fn plain_server(ip: Ipv4Addr) -> SocketAddr {
+    let listener = TcpListener::bind((ip, 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().map_while(Result::ok) {
+            let mut buf = [0u8; 4096];
+            let mut seen = Vec::new();
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = s.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 14\r\nconnection: close\r\n\r\npassthrough-ok",
+            );
+        }
+    });
+    addr
+}
+
+/// The proxy's JSON log lines whose message contains `message`.
+fn log_lines(path: &Path, message: &str) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(message))
+        })
+        .collect()
+}
+
+fn chat_body() -> String {
+    json!({
+        "model": "glm-5.3",
+        "messages": [{"role": "user", "content": "Hi! What is 2+2?"}],
+        "max_tokens": 8,
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
+    // Declared first, dropped last: the processes inside go before the namespace does.
+    let Some(net) = create_net() else {
+        return;
+    };
+    let init_bin = binary("kinference-proxy-init", "kinference-proxy-init");
+    // `local` starts these from the same directory.
+    binary("vllm-sim", "kinference-vllm-sim");
+    binary(
+        "kinference-policy-controller",
+        "kinference-policy-controller",
+    );
+    run("iptables", &["--version"], &[])
+        .expect("iptables is installed (apt-get install -y iptables; .ci/run does)");
+    let scratch = tempfile::tempdir().unwrap();
+    let ns = net.ns.clone();
+
+    // The fleet and the controller, in the root namespace on the veth's address.
+    let host = ["--host".to_string(), net.root_ip.to_string()];
+    let sims: Vec<local::Sim> = ["glm-5.3", "qwen-3.6-27b"]
+        .iter()
+        .map(|p| local::spawn_sim(p, 10.0, &host, true).unwrap())
+        .collect();
+    let mut ports: BTreeMap<String, Vec<u16>> = BTreeMap::new();
+    for s in &sims {
+        ports
+            .entry(s.model.clone())
+            .or_default()
+            .push(s.addr.port());
+    }
+    let manifests = scratch.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    write_manifests(&manifests, &ports, net.root_ip);
+    let controller =
+        local::spawn_controller(&manifests, SocketAddr::from((net.root_ip, 0)), true).unwrap();
+    let plain = plain_server(net.root_ip);
+
+    // proxy-init in the app namespace, twice: the second run must change nothing.
+    let init_env = [
+        ("KINFERENCE_PROXY_PORT", "4140"),
+        ("KINFERENCE_PROXY_UID", "2102"),
+        ("KINFERENCE_OUTBOUND_PORTS", ""),
+        ("KINFERENCE_SKIP_OUTBOUND_PORTS", ""),
+        ("KINFERENCE_SKIP_OUTBOUND_CIDRS", ""),
+    ];
+    let init = init_bin.to_str().unwrap();
+    let first = run("ip", &["netns", "exec", &ns, init], &init_env).unwrap();
+    run("ip", &["netns", "exec", &ns, init], &init_env).unwrap();
+    let saved = run(
+        "ip",
+        &["netns", "exec", &ns, "iptables-save", "-t", "nat"],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        saved
+            .lines()
+            .filter(|l| l.starts_with("-A OUTPUT") && l.ends_with("-j KINFERENCE_OUTPUT"))
+            .count(),
+        1,
+        "one jump after two runs:\n{saved}"
+    );
+    assert_eq!(
+        saved.matches("-j REDIRECT --to-ports 4140").count(),
+        1,
+        "the chain was replaced, not appended to:\n{saved}"
+    );
+    assert!(first.contains("--uid-owner 2102 -j RETURN"), "{first}");
+
+    // The proxy in the app namespace, as the UID the rules exempt. Its default target (direct
+    // use) is the Service's authority; captured connections are looked up by address.
+    let proxy_bin = runnable_by_others(Path::new(PROXY), scratch.path());
+    let log_path = scratch.path().join("proxy.log");
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns, "setpriv"])
+        .arg(format!("--reuid={PROXY_UID}"))
+        .arg(format!("--regid={PROXY_UID}"))
+        .arg("--clear-groups")
+        .arg(&proxy_bin)
+        .args(["--listen-addr", &format!("127.0.0.1:{PROXY_PORT}")])
+        .args(["--admin-addr", &format!("0.0.0.0:{ADMIN_PORT}")])
+        .args(["--controller-addr", &format!("http://{}", controller.grpc)])
+        .args(["--target", "llm.default.svc.cluster.local:8000"])
+        .args(["--workload", "default/app", "--log-format", "json"])
+        .env("RUST_LOG", "info")
+        .stderr(File::create(&log_path).unwrap());
+    let (_proxy, _) = spawn_until(cmd, "kinference-proxy ");
+    let admin = format!("http://{}:{ADMIN_PORT}", net.app_ip);
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = client.get(format!("{admin}/ready")).send().await;
+        if ready.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the proxy never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The app calls the Service's published address: redirected, routed, answered by the fleet.
+    let id = format!("capture-{}", std::process::id());
+    let rsp = {
+        let (ns, id) = (ns.clone(), id.clone());
+        tokio::task::spawn_blocking(move || {
+            in_netns(&ns, move || {
+                http(
+                    SocketAddr::from((CLUSTER_IP, SERVICE_PORT)),
+                    "POST",
+                    "/v1/chat/completions",
+                    &[("content-type", "application/json"), ("x-request-id", &id)],
+                    &chat_body(),
+                )
+            })
+        })
+        .await
+        .unwrap()
+    };
+    assert_eq!(rsp.status, 200, "{rsp:?}");
+    assert_eq!(rsp.headers.get("x-request-id"), Some(&id));
+    let body: Value = serde_json::from_str(&rsp.body).unwrap();
+    assert!(
+        !body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "{body}"
+    );
+    let records: Value = client
+        .get(format!("{admin}/debug/decisions?request_id={id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let record = &records[0];
+    assert_eq!(record["request_id"], id.as_str(), "{records}");
+    let sent_to = record["attempts"][0].as_str().unwrap_or_default();
+    assert!(
+        sims.iter().any(|s| s.addr.to_string() == sent_to),
+        "sent to {sent_to:?}, not a replica of the fleet: {record}"
+    );
+    let resolved = log_lines(&log_path, "is an inference target");
+    assert!(
+        resolved
+            .iter()
+            .any(|l| l["fields"]["dst"] == format!("{CLUSTER_IP}:{SERVICE_PORT}").as_str()),
+        "{resolved:?}"
+    );
+
+    // A destination that is no inference target passes through the proxy unchanged.
+    let rsp = {
+        let ns = ns.clone();
+        tokio::task::spawn_blocking(move || in_netns(&ns, move || http(plain, "GET", "/", &[], "")))
+            .await
+            .unwrap()
+    };
+    assert_eq!((rsp.status, rsp.body.as_str()), (200, "passthrough-ok"));
+    let forwarded = log_lines(&log_path, "not an inference target; forwarding TCP");
+    assert!(
+        forwarded
+            .iter()
+            .any(|l| l["fields"]["dst"] == plain.to_string().as_str()),
+        "the plain call did not go through the proxy: {forwarded:?}"
+    );
+
+    // Direct use: the proxy's own port is not redirected and serves the default target.
+    let direct_id = format!("direct-{}", std::process::id());
+    let rsp = {
+        let (ns, id) = (ns.clone(), direct_id.clone());
+        tokio::task::spawn_blocking(move || {
+            in_netns(&ns, move || {
+                http(
+                    SocketAddr::from(([127, 0, 0, 1], PROXY_PORT)),
+                    "POST",
+                    "/v1/chat/completions",
+                    &[("content-type", "application/json"), ("x-request-id", &id)],
+                    &chat_body(),
+                )
+            })
+        })
+        .await
+        .unwrap()
+    };
+    assert_eq!(rsp.status, 200, "{rsp:?}");
+    let records: Value = client
+        .get(format!("{admin}/debug/decisions?request_id={direct_id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(records[0]["request_id"], direct_id.as_str(), "{records}");
+    drop(controller);
+    drop(sims);
+}

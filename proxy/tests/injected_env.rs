@@ -1,0 +1,124 @@
+//! The injector and the proxy agree: every environment variable the injector sets on the
+//! `kinference-proxy` container is one the proxy reads, with a value it accepts. The pod is
+//! injected by the real injector (the pure `inject` function) with the chart's default proxy
+//! config, and the container's environment is fed to the proxy's own config parser.
+
+use kinference_policy_admission::inject::{self, Decision};
+use kinference_proxy::Config;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// The chart's default proxy config, as the injector's tests use it.
+const CONFIG_JSON: &str =
+    include_str!("../../policy-controller/admission/tests/fixtures/config.json");
+
+fn injected(pod: Value, annotations: &[(&str, &str)]) -> Value {
+    let config = inject::Config {
+        proxy: inject::ProxyConfig::from_json(CONFIG_JSON).unwrap(),
+        control_plane_namespace: "kinference".into(),
+    };
+    let mut pod = pod;
+    for (k, v) in annotations {
+        pod["metadata"]["annotations"][*k] = json!(v);
+    }
+    let typed = serde_json::from_value(pod.clone()).unwrap();
+    let Decision::Inject(injection) =
+        inject::inject(&typed, "apps", &BTreeMap::new(), &config).unwrap()
+    else {
+        panic!("the pod was not injected");
+    };
+    json_patch::patch(&mut pod, &injection.patch).unwrap();
+    pod
+}
+
+/// The proxy container's environment; values from the downward API get a sample value.
+fn proxy_env(pod: &Value) -> Vec<(String, String)> {
+    let proxy = pod["spec"]["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "kinference-proxy")
+        .expect("the proxy container");
+    proxy["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let name = e["name"].as_str().unwrap().to_string();
+            let value = match (&e["value"], &e["valueFrom"]["fieldRef"]["fieldPath"]) {
+                (Value::String(v), _) => v.clone(),
+                (_, Value::String(path)) => format!("sample-{}", path.replace('.', "-")),
+                other => panic!("{name} has neither a value nor a fieldRef: {other:?}"),
+            };
+            (name, value)
+        })
+        .collect()
+}
+
+fn deployment_pod() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "web-7d4b9c8f6d-",
+            "namespace": "apps",
+            "labels": {"app": "web", "pod-template-hash": "7d4b9c8f6d"},
+            "annotations": {"kinference.io/inject": "enabled"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                 "name": "web-7d4b9c8f6d", "uid": "1", "controller": true}],
+        },
+        "spec": {"containers": [{"name": "web", "image": "web:1"}]},
+    })
+}
+
+#[test]
+fn every_variable_the_injector_sets_is_read_by_the_proxy() {
+    for annotations in [
+        &[][..],
+        &[("kinference.io/proxy-log-level", "info,kinference=debug")][..],
+    ] {
+        let env = proxy_env(&injected(deployment_pod(), annotations));
+        assert!(
+            env.iter()
+                .any(|(n, _)| n == "KINFERENCE_PROXY_CONTROLLER_ADDR")
+        );
+        let config = Config::from_env_vars(env.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+            .unwrap_or_else(|e| panic!("the proxy refuses the injected environment: {e}"));
+        // What the injector meant is what the proxy understood.
+        assert_eq!(config.workload, "apps/web");
+        assert_eq!(config.workload_kind.as_deref(), Some("Deployment"));
+        assert_eq!(config.listen_addr.to_string(), "127.0.0.1:4140");
+        assert_eq!(config.admin_addr.to_string(), "0.0.0.0:4191");
+        assert_eq!(
+            config.controller_addr.to_string(),
+            "http://kinference-policy-controller.kinference.svc.cluster.local:8090/"
+        );
+        assert_eq!(
+            config.workload_label_pairs(),
+            vec![("app".to_string(), "web".to_string())]
+        );
+        assert_eq!(config.pod_name.as_deref(), Some("sample-metadata-name"));
+        assert_eq!(
+            config.pod_namespace.as_deref(),
+            Some("sample-metadata-namespace")
+        );
+        assert_eq!(
+            config.service_account.as_deref(),
+            Some("sample-spec-serviceAccountName")
+        );
+        // The injector sets no target: direct use goes to the documented default, and
+        // redirected connections are looked up by their original destination.
+        assert_eq!(config.target, "llm.default.svc.cluster.local:8000");
+    }
+}
+
+#[test]
+fn the_check_fails_for_a_variable_the_proxy_does_not_read() {
+    let mut env = proxy_env(&injected(deployment_pod(), &[]));
+    env.push(("KINFERENCE_PROXY_NOT_A_SETTING".into(), "1".into()));
+    let e = Config::from_env_vars(env.iter().map(|(n, v)| (n.as_str(), v.as_str()))).unwrap_err();
+    assert!(
+        e.to_string().contains("KINFERENCE_PROXY_NOT_A_SETTING"),
+        "{e}"
+    );
+}
