@@ -492,6 +492,27 @@ pub(crate) mod tests {
         assert!(tags.get("topic").is_none());
     }
 
+    /// What a proxy built without the encoder says about a `minilm` tag, whatever its
+    /// environment holds.
+    #[cfg(not(feature = "minilm"))]
+    #[test]
+    fn a_proxy_without_the_minilm_feature_says_so() {
+        let cache = Cache::default();
+        let classifiers = vec![api::Classifier {
+            source: None,
+            tags: vec![exemplars(classifier::exemplars::Embedding::Minilm)],
+        }];
+        let compiled = cache.get("r1", &classifiers);
+        assert_eq!(compiled.unavailable.len(), 1);
+        assert!(
+            compiled.unavailable[0]
+                .reason
+                .ends_with("this proxy was built without the `minilm` feature"),
+            "{:?}",
+            compiled.unavailable
+        );
+    }
+
     #[test]
     fn cache_compiles_once_per_revision() {
         let cache = Cache::default();

@@ -95,3 +95,71 @@ fn embedding_matches_an_independent_reference() {
         assert!((got - want).abs() < 2e-4, "dimension {i}: {got} vs {want}");
     }
 }
+
+/// An exemplars tag that chooses the `minilm` embedding, in a set built with the encoder: it tags
+/// paraphrases that share few words with the examples, nearer than the static embedding sees them.
+#[test]
+fn a_minilm_exemplars_tag_tags_paraphrase() {
+    use kinference_classify::{
+        ClassifierDefinition, ClassifierSet, EmbeddingKind, Limits, Options, Prompt, TagDefinition,
+        TagKind,
+    };
+    use std::sync::Arc;
+
+    let Some(m) = encoder() else { return };
+    let def = |embedding| ClassifierDefinition {
+        detectors: vec![],
+        tags: vec![TagDefinition {
+            name: "topic".into(),
+            kind: TagKind::Exemplars {
+                examples: [
+                    (
+                        "billing".to_string(),
+                        vec![
+                            "I was charged twice on my invoice".to_string(),
+                            "update my card for billing".to_string(),
+                        ],
+                    ),
+                    (
+                        "outage".to_string(),
+                        vec![
+                            "the API returns 503 errors".to_string(),
+                            "dashboard unreachable since this morning".to_string(),
+                        ],
+                    ),
+                ]
+                .into(),
+                k: 1,
+                min_similarity: 0.3,
+                embedding,
+            },
+        }],
+        limits: Limits::default(),
+    };
+    let paraphrase = Prompt::Completion("My card got billed two times for the same purchase");
+    let options = Options {
+        minilm: Ok(Arc::new(m)),
+    };
+    let set = ClassifierSet::with_options(&def(EmbeddingKind::MiniLm), &options).unwrap();
+    let tags = set.classify(paraphrase);
+    let topic = tags.get("topic").expect("the paraphrase is tagged");
+    assert_eq!(topic.value, "billing");
+    assert!(topic.confidence > 0.3, "{topic:?}");
+    let outage = set.classify(Prompt::Completion(
+        "Nothing loads and the server gives 503s",
+    ));
+    assert_eq!(outage.get("topic").unwrap().value, "outage");
+
+    // The paraphrase is nearer its example for the encoder than for the static embedding, which
+    // only sees shared words and trigrams ("card", "bill").
+    let best = |set: &ClassifierSet| {
+        set.explain(paraphrase)
+            .get("topic")
+            .and_then(|t| t.score)
+            .unwrap_or(0.0)
+    };
+    let with_minilm = best(&set);
+    let set = ClassifierSet::with_options(&def(EmbeddingKind::Static), &options).unwrap();
+    let with_static = best(&set);
+    assert!(with_minilm > with_static, "{with_minilm} vs {with_static}");
+}
