@@ -282,7 +282,11 @@ pub struct Prediction {
     pub duplicate_tokens: u32,
     /// `miss_cost_weight × duplicate_tokens / rate`: what a duplicate prefix costs the fleet's cache.
     pub miss_cost_s: f64,
-    /// `predicted_ttft_s + queue_cost_s + miss_cost_s`: what the selection minimises.
+    /// For a candidate of a model other than the requested one: `substitute_margin × (predicted_ttft_s
+    /// + queue_cost_s + miss_cost_s)`, so a substitute wins only when clearly faster; else 0.
+    pub substitute_cost_s: f64,
+    /// `predicted_ttft_s + queue_cost_s + miss_cost_s + substitute_cost_s`: what the selection
+    /// minimises.
     pub selection_cost_s: f64,
     /// Whether the endpoint's scraped queue (`num_requests_waiting`) was within the freshness budget.
     pub signals_fresh: bool,
@@ -464,6 +468,7 @@ pub fn predict(
         queue_cost_s,
         duplicate_tokens: 0,
         miss_cost_s: 0.0,
+        substitute_cost_s: 0.0,
         selection_cost_s: predicted_ttft_s + queue_cost_s,
         signals_fresh: s
             .num_requests_waiting
@@ -481,6 +486,13 @@ impl Prediction {
         self.miss_cost_s = config.miss_cost_weight.max(0.0) * f64::from(self.duplicate_tokens)
             / self.prefill_tokens_per_second.max(1.0);
         self.selection_cost_s = self.predicted_ttft_s + self.queue_cost_s + self.miss_cost_s;
+    }
+
+    /// Charges a candidate of a substitute model (not the requested one) `margin` of its cost.
+    pub fn charge_substitute(&mut self, margin: f64) {
+        let base = self.predicted_ttft_s + self.queue_cost_s + self.miss_cost_s;
+        self.substitute_cost_s = margin.max(0.0) * base;
+        self.selection_cost_s = base + self.substitute_cost_s;
     }
 }
 

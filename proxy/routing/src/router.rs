@@ -31,6 +31,12 @@ pub struct RouterConfig {
     pub approx: ApproxConfig,
     /// Prefix affinity among near-equal candidates (see [`crate::affinity`]).
     pub affinity: AffinityConfig,
+    /// A candidate of a model other than the requested one (a substitute the policy allows) has
+    /// its selection cost multiplied by `1 + substitute_margin`, so it wins only when clearly
+    /// faster. A substitute is another model, usually a smaller one: moving a request to it on a
+    /// few milliseconds of prediction trades quality for nothing, and loads a pool whose own
+    /// requests cannot move back (measured in `docs/ttft-model.md`, "Pass 3").
+    pub substitute_margin: f64,
     /// Predictions within this of the best are treated as equal.
     pub tie_window: Duration,
     /// Decay time constant of the fallback's TTFT peak-EWMA.
@@ -47,6 +53,7 @@ impl Default for RouterConfig {
             predict: PredictConfig::default(),
             approx: ApproxConfig::default(),
             affinity: AffinityConfig::default(),
+            substitute_margin: 0.5,
             tie_window: DEFAULT_TIE_WINDOW,
             latency_tau: DEFAULT_TAU,
             mean_prompt_alpha: 0.05,
@@ -438,6 +445,14 @@ impl Router {
                 candidates[i]
                     .prediction
                     .charge_duplicate_prefix(best, &cfg.predict);
+            }
+        }
+        // A substitute model must be clearly faster (see `RouterConfig::substitute_margin`).
+        if cfg.substitute_margin > 0.0 {
+            for c in &mut candidates {
+                if c.model != *request.requested_model {
+                    c.prediction.charge_substitute(cfg.substitute_margin);
+                }
             }
         }
 

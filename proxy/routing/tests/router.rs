@@ -907,3 +907,48 @@ fn within_the_slack_an_endpoint_holding_the_prefix_beats_the_home() {
         assert_eq!(d.chosen_endpoint(), Some(&holder));
     }
 }
+
+#[test]
+fn a_substitute_model_wins_only_when_clearly_faster() {
+    let cands = models(&[GLM, QWEN]);
+    let glm = &cands[0];
+    let blocks = prompt("a short low-complexity question");
+    // glm's endpoint has `glm_waiting` others queued (1,000 tokens each at the mean prompt size,
+    // 0.1 s each at 10,000 tok/s); qwen's is idle. Same priors, so qwen's cost is glm's minus the wait.
+    let run = |glm_waiting: u32| {
+        let mut r = fleet(1, GLM, Some((t(1.0), glm_waiting)));
+        add(&mut r, 1, QWEN, "q", Some((t(1.0), 0)));
+        r.set_model_prior(QWEN.into(), prior());
+        r.decide(
+            &request(glm, &cands, 500, &blocks),
+            t(1.1),
+            &mut ChaCha8Rng::seed_from_u64(0),
+        )
+    };
+    // One request queued at glm: qwen would answer 0.1 s sooner (0.06 s against 0.16 s)...
+    let d = run(1);
+    let q = d
+        .candidates
+        .iter()
+        .find(|c| c.model.as_str() == QWEN)
+        .unwrap();
+    let g = d
+        .candidates
+        .iter()
+        .find(|c| c.model.as_str() == GLM)
+        .unwrap();
+    assert!(q.prediction.predicted_ttft_s < g.prediction.predicted_ttft_s);
+    // ...and pays half its cost again as a substitute, but is still clearly faster.
+    assert!(close(
+        q.prediction.substitute_cost_s,
+        0.5 * (q.prediction.predicted_ttft_s
+            + q.prediction.queue_cost_s
+            + q.prediction.miss_cost_s)
+    ));
+    assert_eq!(g.prediction.substitute_cost_s, 0.0);
+    assert_eq!(d.chosen_model().unwrap().as_str(), QWEN);
+    // With nothing queued at glm the two predictions are equal: the requested model keeps it.
+    let d = run(0);
+    assert_eq!(d.chosen_model().unwrap().as_str(), GLM);
+    assert_eq!(d.reason, Reason::LowestPredictedTtft);
+}
