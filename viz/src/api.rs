@@ -8,7 +8,7 @@
 use crate::{
     decisions::{self, Filter, Summary},
     policies,
-    prom::Prometheus,
+    prom::{Prometheus, Sample},
     queries::{self, EndpointFigure, StatFigure, Window},
 };
 use serde_json::{Map, Value, json};
@@ -51,6 +51,71 @@ fn limit(q: &BTreeMap<String, String>, default: usize) -> Result<usize, Error> {
             .filter(|n| (1..=10_000).contains(n))
             .ok_or_else(|| Error::Limit(l.clone())),
     }
+}
+
+/// The share of a tenant's decisions for a model that a policy rule moved to another model.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct RuleShare {
+    pub rule: String,
+    pub tenant: String,
+    pub requested_model: String,
+    pub served_model: String,
+    /// Decisions the rule matched that chose `served_model`, over the window.
+    pub requests: f64,
+    /// Of all decisions for `tenant` asking for `requested_model` over the window.
+    pub share: f64,
+}
+
+/// Rule shares from the rule counter (`moves`, by tenant, requested, served model and rule) and
+/// the decisions per tenant and requested model (`totals`). Only decisions that chose another
+/// model than the one requested count as moved.
+pub fn rule_shares(moves: &[Sample], totals: &[Sample]) -> Vec<RuleShare> {
+    let l = |s: &Sample, k: &str| s.labels.get(k).cloned().unwrap_or_default();
+    let total: BTreeMap<(String, String), f64> = totals
+        .iter()
+        .map(|s| {
+            (
+                (l(s, "tenant"), l(s, "requested_model")),
+                s.value.unwrap_or(0.0),
+            )
+        })
+        .collect();
+    let mut out: Vec<RuleShare> = moves
+        .iter()
+        .filter(|s| s.value.is_some_and(|v| v > 0.0))
+        .filter(|s| {
+            let served = l(s, "served_model");
+            !served.is_empty() && served != l(s, "requested_model")
+        })
+        .map(|s| {
+            let requests = s.value.unwrap_or(0.0);
+            let all = total
+                .get(&(l(s, "tenant"), l(s, "requested_model")))
+                .copied()
+                .unwrap_or(0.0);
+            RuleShare {
+                rule: l(s, "rule"),
+                tenant: l(s, "tenant"),
+                requested_model: l(s, "requested_model"),
+                served_model: l(s, "served_model"),
+                requests,
+                share: if all > 0.0 {
+                    (requests / all).min(1.0)
+                } else {
+                    0.0
+                },
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        (&a.rule, &a.tenant, &a.requested_model, &a.served_model).cmp(&(
+            &b.rule,
+            &b.tenant,
+            &b.requested_model,
+            &b.served_model,
+        ))
+    });
+    out
 }
 
 fn num(v: Option<f64>) -> Value {
@@ -152,8 +217,9 @@ impl State {
         (summaries, errors)
     }
 
-    /// `/api/flows?window=1m`: requested -> served model per tenant (Prometheus), and the share
-    /// each policy rule moved (recent decision records).
+    /// `/api/flows?window=1m`: requested -> served model per tenant, and the share of each
+    /// tenant's decisions for a model that each policy rule moved to another model, both from
+    /// Prometheus over the window.
     pub async fn flows(&self, q: &BTreeMap<String, String>) -> Result<Value, Error> {
         let window = window(q)?;
         let mut errors = Vec::new();
@@ -198,12 +264,25 @@ impl State {
             };
             k(a).cmp(&k(b))
         });
-        let (summaries, e) = self.summaries(None).await;
-        errors.extend(e);
+        let (moves_q, totals_q) = (
+            queries::rule_decisions(&window),
+            queries::decisions(&window),
+        );
+        let (moves, totals) = tokio::join!(
+            self.prometheus.query(&moves_q),
+            self.prometheus.query(&totals_q),
+        );
+        let rules = match (moves, totals) {
+            (Ok(moves), Ok(totals)) => rule_shares(&moves, &totals),
+            (moves, totals) => {
+                for e in [moves.err(), totals.err()].into_iter().flatten() {
+                    errors.push(format!("rules: {e}"));
+                }
+                Vec::new()
+            }
+        };
         Ok(json!({
-            "window": window.as_str(), "flows": flows,
-            "rules": decisions::rule_shares(&summaries), "records": summaries.len(),
-            "errors": errors,
+            "window": window.as_str(), "flows": flows, "rules": rules, "errors": errors,
         }))
     }
 
@@ -318,6 +397,10 @@ impl State {
                     "pool_ttft_p50_s": num(get("pool_ttft_p50_s", &pool)),
                     "pool_prediction_error_mean_s": num(get("pool_prediction_error_mean_s", &pool)),
                     "pool_prediction_error_p95_s": num(get("pool_prediction_error_p95_s", &pool)),
+                    "proxy_predicted_ttft_mean_s": num(get("proxy_predicted_ttft_mean_s", &id)),
+                    "proxy_observed_ttft_mean_s": num(get("proxy_observed_ttft_mean_s", &id)),
+                    "prediction_error_mean_s": num(get("prediction_error_mean_s", &id)),
+                    "prediction_error_p95_s": num(get("prediction_error_p95_s", &id)),
                 })
             })
             .collect();
@@ -363,5 +446,54 @@ impl State {
             }
             Err(e) => json!({ "policies": [], "classifiers": [], "errors": [e.to_string()] }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(labels: &[(&str, &str)], value: f64) -> Sample {
+        Sample {
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            value: Some(value),
+        }
+    }
+
+    #[test]
+    fn rule_shares_divide_moved_decisions_by_all_decisions_of_the_window() {
+        let rule = |served: &str, v: f64| {
+            sample(
+                &[
+                    ("tenant", "default/app"),
+                    ("requested_model", "glm-5.3"),
+                    ("served_model", served),
+                    ("rule", "low-complexity-may-use-qwen"),
+                ],
+                v,
+            )
+        };
+        let moves = [
+            rule("qwen-3.6-27b", 30.0),
+            rule("glm-5.3", 10.0),
+            rule("x", 0.0),
+        ];
+        let totals = [
+            sample(
+                &[("tenant", "default/app"), ("requested_model", "glm-5.3")],
+                120.0,
+            ),
+            sample(&[("tenant", "other"), ("requested_model", "glm-5.3")], 7.0),
+        ];
+        let shares = rule_shares(&moves, &totals);
+        assert_eq!(shares.len(), 1, "{shares:?}");
+        assert_eq!(shares[0].served_model, "qwen-3.6-27b");
+        assert_eq!(shares[0].requests, 30.0);
+        assert!((shares[0].share - 0.25).abs() < 1e-12);
+        // A rule with no decisions counted for its model in the window has no share to give.
+        assert_eq!(rule_shares(&moves, &[])[0].share, 0.0);
     }
 }

@@ -317,48 +317,6 @@ pub fn top(summaries: &[Summary], limit: usize) -> Top {
     }
 }
 
-/// The share of a tenant's requests for a model that each policy rule moved to another model.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct RuleShare {
-    pub rule: String,
-    pub tenant: String,
-    pub requested_model: String,
-    pub served_model: String,
-    /// Records of requests this rule matched that were served by `served_model`.
-    pub requests: usize,
-    /// Of all recent records of `tenant` asking for `requested_model`.
-    pub share: f64,
-}
-
-/// Attributes every moved request (served by another model than requested) to the rules that
-/// matched it.
-pub fn rule_shares(summaries: &[Summary]) -> Vec<RuleShare> {
-    let mut totals: BTreeMap<(&str, &str), usize> = BTreeMap::new();
-    let mut moved: BTreeMap<(&str, &str, &str, &str), usize> = BTreeMap::new();
-    for d in summaries {
-        *totals.entry((&d.tenant, &d.requested_model)).or_default() += 1;
-        if d.served_model.is_empty() || d.served_model == d.requested_model {
-            continue;
-        }
-        for rule in &d.rules {
-            *moved
-                .entry((rule, &d.tenant, &d.requested_model, &d.served_model))
-                .or_default() += 1;
-        }
-    }
-    moved
-        .into_iter()
-        .map(|((rule, tenant, requested, served), requests)| RuleShare {
-            rule: rule.to_string(),
-            tenant: tenant.to_string(),
-            requested_model: requested.to_string(),
-            served_model: served.to_string(),
-            requests,
-            share: requests as f64 / totals[&(tenant, requested)].max(1) as f64,
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -429,7 +387,7 @@ mod tests {
     }
 
     #[test]
-    fn top_and_rule_shares_count_moved_requests() {
+    fn top_counts_classes_and_routes() {
         let records = [
             record("a", 3, 1, &["10.0.0.2:8000"], "low"),
             record("b", 2, 1, &["10.0.0.2:8000"], "low"),
@@ -445,11 +403,5 @@ mod tests {
         assert_eq!(t.classes[1].class, "complexity=high");
         assert_eq!(t.routes.len(), 2);
         assert_eq!(t.routes[0].requests, 2);
-        let rules = rule_shares(&s);
-        assert_eq!(rules.len(), 1);
-        assert_eq!(rules[0].rule, "low-complexity-may-use-qwen");
-        assert_eq!(rules[0].served_model, "qwen-3.6-27b");
-        assert_eq!(rules[0].requests, 2);
-        assert!((rules[0].share - 0.5).abs() < 1e-12);
     }
 }

@@ -179,7 +179,23 @@ pub fn flows(window: &Window) -> String {
     )
 }
 
-/// The figures of the endpoints view, each keyed by `instance` (vLLM) or `pool` (the proxy).
+/// Decisions each policy rule matched, by tenant, requested model and the model chosen, over
+/// `window` (the proxy's `rule_decisions` counter).
+pub fn rule_decisions(window: &Window) -> String {
+    format!(
+        "sum by (tenant, requested_model, served_model, rule) (increase(kinference_proxy_rule_decisions_total[{window}]))"
+    )
+}
+
+/// Decisions per tenant and requested model over `window`: the denominator of rule shares.
+pub fn decisions(window: &Window) -> String {
+    format!(
+        "sum by (tenant, requested_model) (increase(kinference_proxy_decisions_total[{window}]))"
+    )
+}
+
+/// The figures of the endpoints view, each keyed by `instance` (vLLM), `endpoint` or `pool`
+/// (the proxy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EndpointFigure {
     /// vLLM's own TTFT, median, per replica.
@@ -194,16 +210,28 @@ pub enum EndpointFigure {
     PoolPredictionErrorMean,
     /// |observed − predicted| TTFT, 95th percentile, per pool.
     PoolPredictionErrorP95,
+    /// The proxy's predicted TTFT, mean, per endpoint (requests whose first token it saw).
+    EndpointPredictedTtftMean,
+    /// The proxy's observed TTFT (from dispatch), mean, per endpoint, for the same requests.
+    EndpointObservedTtftMean,
+    /// |observed − predicted| TTFT, mean, per endpoint.
+    EndpointPredictionErrorMean,
+    /// |observed − predicted| TTFT, 95th percentile, per endpoint.
+    EndpointPredictionErrorP95,
 }
 
 impl EndpointFigure {
-    pub const ALL: [EndpointFigure; 6] = [
+    pub const ALL: [EndpointFigure; 10] = [
         Self::ObservedTtftP50,
         Self::ObservedTtftMean,
         Self::CacheHitRate,
         Self::PoolTtftP50,
         Self::PoolPredictionErrorMean,
         Self::PoolPredictionErrorP95,
+        Self::EndpointPredictedTtftMean,
+        Self::EndpointObservedTtftMean,
+        Self::EndpointPredictionErrorMean,
+        Self::EndpointPredictionErrorP95,
     ];
 
     pub fn field(self) -> &'static str {
@@ -214,6 +242,10 @@ impl EndpointFigure {
             Self::PoolTtftP50 => "pool_ttft_p50_s",
             Self::PoolPredictionErrorMean => "pool_prediction_error_mean_s",
             Self::PoolPredictionErrorP95 => "pool_prediction_error_p95_s",
+            Self::EndpointPredictedTtftMean => "proxy_predicted_ttft_mean_s",
+            Self::EndpointObservedTtftMean => "proxy_observed_ttft_mean_s",
+            Self::EndpointPredictionErrorMean => "prediction_error_mean_s",
+            Self::EndpointPredictionErrorP95 => "prediction_error_p95_s",
         }
     }
 
@@ -221,11 +253,20 @@ impl EndpointFigure {
     pub fn key(self) -> &'static str {
         match self {
             Self::ObservedTtftP50 | Self::ObservedTtftMean | Self::CacheHitRate => "instance",
+            Self::EndpointPredictedTtftMean
+            | Self::EndpointObservedTtftMean
+            | Self::EndpointPredictionErrorMean
+            | Self::EndpointPredictionErrorP95 => "endpoint",
             _ => "pool",
         }
     }
 
     pub fn promql(self, window: &Window) -> String {
+        let mean = |m: &str| {
+            format!(
+                "sum by (endpoint) (rate(kinference_proxy_{m}_sum[{window}])) / sum by (endpoint) (rate(kinference_proxy_{m}_count[{window}]))"
+            )
+        };
         match self {
             Self::ObservedTtftP50 => format!(
                 "histogram_quantile(0.5, sum by (instance, le) (rate(vllm:time_to_first_token_seconds_bucket[{window}])))"
@@ -245,6 +286,12 @@ impl EndpointFigure {
             Self::PoolPredictionErrorP95 => format!(
                 "histogram_quantile(0.95, sum by (pool, le) (rate(kinference_proxy_prediction_error_seconds_bucket[{window}])))"
             ),
+            Self::EndpointPredictedTtftMean => mean("endpoint_predicted_ttft_seconds"),
+            Self::EndpointObservedTtftMean => mean("endpoint_ttft_seconds"),
+            Self::EndpointPredictionErrorMean => mean("endpoint_prediction_error_seconds"),
+            Self::EndpointPredictionErrorP95 => format!(
+                "histogram_quantile(0.95, sum by (endpoint, le) (rate(kinference_proxy_endpoint_prediction_error_seconds_bucket[{window}])))"
+            ),
         }
     }
 }
@@ -261,6 +308,8 @@ pub fn all() -> Vec<String> {
     ];
     let mut out: Vec<String> = StatFigure::ALL.iter().map(|f| f.promql(&by, &w)).collect();
     out.push(flows(&w));
+    out.push(rule_decisions(&w));
+    out.push(decisions(&w));
     out.extend(EndpointFigure::ALL.iter().map(|f| f.promql(&w)));
     out
 }

@@ -210,6 +210,8 @@ fn every_queried_metric_and_label_is_exported() {
             reason: s("connect"),
         })
         .inc();
+    // A rule that matched (whether the classifier tags this run's prompt low is not fixed).
+    m.rule_decisions("t", "m", "n", ["low-complexity-may-use-qwen"].into_iter());
     for (name, labels) in exposition(&m.encode()) {
         exported.entry(name).or_insert(labels);
     }
@@ -256,6 +258,9 @@ fn every_queried_metric_and_label_is_exported() {
         "kinference_proxy_requests_total",
         "kinference_proxy_ttft_seconds_bucket",
         "kinference_proxy_errors_total",
+        "kinference_proxy_decisions_total",
+        "kinference_proxy_endpoint_prediction_error_seconds_bucket",
+        "kinference_proxy_endpoint_predicted_ttft_seconds_sum",
         "vllm:time_to_first_token_seconds_bucket",
     ] {
         assert!(!by_name_only.contains(m), "{m} had no sample");
