@@ -155,6 +155,7 @@ async fn explain_body(args: &Args, body: &serde_json::Value) -> anyhow::Result<s
     let explanation = compiled.explain(&request).await;
     let e = explain(&policy, explanation, &request, &workload, None, None);
     let mut v = serde_json::to_value(&e)?;
+    v["unavailable_tags"] = serde_json::to_value(&compiled.unavailable)?;
     v["source"] = serde_json::json!({
         "policy": declared.source,
         "target": declared.target,

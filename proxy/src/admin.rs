@@ -203,10 +203,10 @@ async fn explain(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Res
         let e = ApiError::unknown_model(&request.model);
         return json(e.status, &e.to_json());
     }
-    json(
-        StatusCode::OK,
-        &serde_json::to_value(&out).unwrap_or(serde_json::Value::Null),
-    )
+    let mut v = serde_json::to_value(&out).unwrap_or(serde_json::Value::Null);
+    // Tags the policy declares that this proxy cannot compute (rules on them never match).
+    v["unavailable_tags"] = serde_json::to_value(&set.unavailable).unwrap_or_default();
+    json(StatusCode::OK, &v)
 }
 
 /// `GET /debug/discovery`: whether every stream to the controller is up, and the policy held.

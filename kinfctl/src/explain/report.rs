@@ -71,6 +71,14 @@ pub struct Explanation {
     pub tags: Vec<TagView>,
 }
 
+/// A tag the policy declares that was not computed, and why.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Unavailable {
+    pub tag: String,
+    pub reason: String,
+}
+
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct RuleTrace {
@@ -178,6 +186,8 @@ pub struct Report {
     pub prompt_tokens: u32,
     pub policy: PolicyView,
     pub explanation: Explanation,
+    /// Declared tags that could not be computed (rules on them do not match).
+    pub unavailable_tags: Vec<Unavailable>,
     pub candidates: Option<Candidates>,
     pub routing: Option<Routing>,
     pub source: Source,
@@ -340,6 +350,9 @@ impl Report {
                 ]);
             }
             table(&mut out, &rows);
+        }
+        for u in &self.unavailable_tags {
+            let _ = writeln!(out, "  not computed: {} ({})", u.tag, u.reason);
         }
 
         out.push_str("\nRules\n");
@@ -637,7 +650,13 @@ mod tests {
         let mut v = report();
         v.as_object_mut().unwrap().remove("candidates");
         v["requested_model"] = json!("gpt-9");
+        v["unavailable_tags"] =
+            json!([{"tag": "support", "reason": "no MiniLM encoder was loaded"}]);
         let text = render(v);
         assert!(text.ends_with("Rules\n  gpt-9 is neither a model nor an alias of the policy\n"));
+        assert!(
+            text.contains("  not computed: support (no MiniLM encoder was loaded)\n"),
+            "{text}"
+        );
     }
 }
