@@ -91,6 +91,12 @@ fn create_net() -> Option<Net> {
         );
         return None;
     }
+    // Entering it is part of the probe (`ip netns exec` mounts a /sys of its own).
+    if let Err(e) = run("ip", &["netns", "exec", &ns, "true"], &[]) {
+        let _ = run("ip", &["netns", "del", &ns], &[]);
+        eprintln!("SKIPPED: cannot enter a network namespace here ({e})");
+        return None;
+    }
     // A /30 per process id, so concurrent runs use different addresses.
     let base = (pid % 16_000) * 4;
     let octets = |last: u32| Ipv4Addr::new(10, 213, (base / 256) as u8, (base % 256 + last) as u8);
