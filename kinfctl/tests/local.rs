@@ -4,7 +4,8 @@
 //! (with `kinference_proxy::local`, as the proxy's end-to-end tests start them), and the real
 //! `kinfctl` binary run against them.
 //!
-//! The classifier's complexity thresholds are pinned low in the copy (`low` below 0.01, `high`
+//! The policy's freshness budget is raised to 5 s, so that "signals fresh" does not depend on
+//! how loaded the machine is. The classifier's complexity thresholds are pinned low in the copy (`low` below 0.01, `high`
 //! from 0.05), so that the long prompt below is tagged high whatever the trained model's
 //! calibration is this week: the test is about what explain and check report, not about the
 //! model.
@@ -70,6 +71,12 @@ fn pin_thresholds(dir: &Path) {
     std::fs::write(&path, serde_yaml::to_string(&doc).unwrap()).unwrap();
 }
 
+/// A freshness budget of 5 s instead of the example's 500 ms: the signals check must pass on a
+/// loaded, shared machine too (scrapes run every 100 ms; a fail would mean none for 5 s).
+fn generous_freshness(doc: &mut serde_yaml::Value) {
+    doc["spec"]["balancer"]["freshnessBudget"] = serde_yaml::Value::from("5s");
+}
+
 /// Simulators, the controller on the rewritten examples, the proxy; everything stops on drop.
 fn start() -> Stack {
     let mut sims = Vec::new();
@@ -90,7 +97,7 @@ fn start() -> Stack {
         &workspace_root().join("examples"),
         manifests.path(),
         &ports,
-        &|_| {},
+        &generous_freshness,
     )
     .unwrap();
     pin_thresholds(manifests.path());
@@ -121,7 +128,7 @@ fn start() -> Stack {
             .filter(|e| {
                 e["signals"]["num_requests_waiting"]["age_s"]
                     .as_f64()
-                    .is_some_and(|age| age < 0.3)
+                    .is_some_and(|age| age < 2.0)
             })
             .count();
         (fresh == stack.sims.len() && get_ok(&format!("{}/ready", admin(&stack)))).then_some(())
@@ -398,11 +405,12 @@ fn check_passes_on_a_running_system_and_fails_when_a_part_stops() {
     assert!(passed[3].starts_with(&format!(
         "√ the proxy at {admin} is connected to the controller"
     )));
-    assert!(
-        passed[4].starts_with(&format!(
-            "√ the signals of all 4 endpoints of the proxy at {admin} are fresh"
-        )),
-        "{passed:#?}"
+    assert_eq!(
+        passed[4],
+        format!(
+            "√ the signals of all 4 endpoints of the proxy at {admin} are fresh (within 5.00s)"
+        ),
+        "the policy's budget, as the proxy reports it"
     );
     assert_eq!(
         c.lines.last().map(String::as_str),
