@@ -24,9 +24,9 @@ fn prompt_text(system: usize, unique: u64) -> String {
     s
 }
 
-fn warmed_router() -> Router {
+fn warmed_router(config: RouterConfig) -> Router {
     let now = Time::from_secs_f64(100.0);
-    let mut r = Router::new(RouterConfig::default());
+    let mut r = Router::new(config);
     for (m, model) in MODELS.iter().enumerate() {
         r.set_model_prior(ModelName::from(*model), ModelPrior::default());
         for i in 0..ENDPOINTS_PER_MODEL {
@@ -78,7 +78,11 @@ fn request<'a>(candidates: &'a [ModelName], blocks: &'a PromptBlocks) -> Request
 }
 
 fn decision(c: &mut Criterion) {
-    let r = warmed_router();
+    let r = warmed_router(RouterConfig::default());
+    let mut plain = RouterConfig::default();
+    plain.affinity.slack = 0.0;
+    plain.substitute_margin = 0.0;
+    let r_plain = warmed_router(plain);
     let now = Time::from_secs_f64(100.2);
     let cfg = ApproxConfig::default();
     let candidates: Vec<ModelName> = MODELS.iter().map(|m| ModelName::from(*m)).collect();
@@ -102,6 +106,11 @@ fn decision(c: &mut Criterion) {
     g.bench_function(
         BenchmarkId::new("decide", "2x32_endpoints_8000_tokens"),
         |b| b.iter(|| r.decide(black_box(&request(&candidates, &blocks)), now, &mut rng)),
+    );
+    // The same decision without prefix affinity and the substitute margin, side by side in one run.
+    g.bench_function(
+        BenchmarkId::new("decide_without_affinity", "2x32_endpoints_8000_tokens"),
+        |b| b.iter(|| r_plain.decide(black_box(&request(&candidates, &blocks)), now, &mut rng)),
     );
     g.bench_function(
         BenchmarkId::new("hash_and_decide", "2x32_endpoints_8000_tokens"),
