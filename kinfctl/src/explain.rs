@@ -72,16 +72,18 @@ pub struct Args {
     #[arg(long, value_name = "URL", requires = "cluster")]
     api_server: Option<String>,
 
-    /// The authority the application calls, e.g. llm.default.svc.cluster.local:8000, whose
-    /// policy applies (default: the only Service port with a policy).
+    /// With --manifests or --cluster: the authority the application calls, e.g.
+    /// llm.default.svc.cluster.local:8000, whose policy applies (default: the only Service port
+    /// with a policy). A proxy explains its own target.
     #[arg(long)]
     target: Option<String>,
 
-    /// The calling workload, `namespace/name`, for rules that match workloads.
+    /// With --manifests or --cluster: the calling workload, `namespace/name`, for rules that
+    /// match workloads (a proxy uses its own).
     #[arg(long, default_value = "default/app")]
     workload: String,
 
-    /// The workload's labels, `key=value`.
+    /// With --manifests or --cluster: the workload's labels, `key=value`.
     #[arg(long = "workload-label", value_delimiter = ',')]
     workload_labels: Vec<String>,
 
