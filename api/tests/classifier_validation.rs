@@ -68,6 +68,21 @@ fn the_example_validates_clean_with_every_form() {
 }
 
 #[test]
+fn every_classifier_example_validates_clean() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/classifiers");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let c = InferenceClassifier::deserialize(serde_yaml::Deserializer::from_str(&text))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        validate_classifier(&c).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        seen += 1;
+    }
+    assert!(seen >= 2, "support.yaml and chat.yaml");
+}
+
+#[test]
 fn an_empty_exemplar_set() {
     let mut c = support();
     exemplars(&mut c).values.clear();
