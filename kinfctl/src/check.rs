@@ -549,6 +549,31 @@ async fn check_proxies(client: &kube::Client) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser as _;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn local(argv: &[&str]) -> Option<local::Local> {
+        let mut all = vec!["check"];
+        all.extend_from_slice(argv);
+        Cli::try_parse_from(all).unwrap().args.local()
+    }
+
+    #[test]
+    fn local_checks_are_asked_for_by_flag_and_default_to_the_binaries_addresses() {
+        assert!(local(&[]).is_none(), "a cluster check by default");
+        let l = local(&["--local"]).unwrap();
+        assert_eq!(l.controller, "http://127.0.0.1:8090");
+        assert_eq!(l.proxies, vec!["http://127.0.0.1:4191"]);
+        assert_eq!(l.target, "llm.default.svc.cluster.local:8000");
+        let l = local(&["--proxy-admin", "http://a:1", "--proxy-admin", "http://b:2"]).unwrap();
+        assert_eq!(l.proxies, vec!["http://a:1", "http://b:2"]);
+        assert!(Cli::try_parse_from(["check", "--local", "--pre"]).is_err());
+    }
 
     #[test]
     fn versions_from_1_30_run_native_sidecars() {
