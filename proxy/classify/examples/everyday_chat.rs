@@ -212,14 +212,16 @@ fn main() -> anyhow::Result<()> {
         }
         let (mmlu, gsm) = (by_set["MMLU"], by_set["GSM8K"]);
         println!(
-            "| {t} | {} ({chat_tagged}/{}) | {} | {} ({}) | {} ({}) | {} / {} |",
+            "| {t} | {} ({chat_tagged}/{}) | {} | {} ({}/{}) | {} ({}/{}) | {} / {} |",
             pct(chat_tagged, chat.len()),
             chat.len(),
             pct(chat_conf, chat.len()),
             pct(mmlu.1, mmlu.0),
             mmlu.1,
+            mmlu.0,
             pct(gsm.1, gsm.0),
             gsm.1,
+            gsm.0,
             pct(mmlu.2, mmlu.1),
             pct(mmlu.3, mmlu.1),
         );
