@@ -414,6 +414,11 @@ impl Balance {
             .map(|m| ModelName::from(m.as_str()))
             .collect();
         let hasher = prompt.and_then(|p| PromptHasher::new(&self.tokenizers.read(), &models, p));
+        // The pool's tokenizer counts the prompt exactly where the proxy's estimate guesses.
+        let prompt_tokens = hasher
+            .as_ref()
+            .and_then(|h| h.token_count(&requested))
+            .unwrap_or(prompt_tokens);
         let now = self.now();
         let mut g = self.inner.lock();
         let inner = &mut *g;
@@ -692,6 +697,13 @@ impl PromptHasher {
             }
         }
         Some(Self { by_model, tokens })
+    }
+
+    /// The prompt's token count under `model`'s tokenizer contract.
+    fn token_count(&self, model: &ModelName) -> Option<u32> {
+        let t = self.by_model.iter().find(|(m, _)| m == model)?.1;
+        let tokens = &self.tokens.iter().find(|(have, _)| *have == t)?.1;
+        u32::try_from(tokens.len().max(1)).ok()
     }
 }
 
@@ -977,11 +989,12 @@ mod tests {
         let plan = b.plan(
             "glm-5.3",
             &["glm-5.3".into()],
-            tokens.len() as u32,
+            7, // a poor estimate: the pool's tokenizer counts the prompt instead
             None,
             &blocks,
             Some(&prompt),
         );
+        assert_eq!(plan.decision.prompt_tokens as usize, tokens.len());
         let chosen = plan.decision.chosen().unwrap();
         assert_eq!(chosen.endpoint.as_str(), "127.0.0.1:2");
         assert_eq!(

@@ -306,11 +306,18 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
     let w = chosen(&record);
     assert_eq!(w["endpoint"], holder.as_str(), "{record}");
     assert_eq!(w["prediction"]["prefix_source"], "precise", "{record}");
-    // Every block is held; the prediction caps the cached part at the proxy's own estimate of
-    // the prompt's size (it has no tokenizer for that) less the token always computed again.
+    // The pool's tokenizer counted the prompt as the server did, and every full block is held.
+    assert_eq!(
+        record["decision"]["prompt_tokens"].as_u64(),
+        Some(usage_prompt),
+        "{record}"
+    );
     let cached = w["prediction"]["cached_tokens"].as_u64().unwrap();
-    let estimated = w["prediction"]["prompt_tokens"].as_u64().unwrap();
-    assert_eq!(cached, (prompt_blocks * 16).min(estimated - 1), "{record}");
+    assert_eq!(
+        cached,
+        (prompt_blocks * 16).min(usage_prompt - 1),
+        "{record}"
+    );
     let other = record["decision"]["candidates"]
         .as_array()
         .unwrap()
