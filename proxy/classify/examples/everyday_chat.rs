@@ -134,9 +134,9 @@ fn main() -> anyhow::Result<()> {
         .into_iter()
         .filter(|r| r.split() == split && !r.contaminated)
         .collect();
-    if args.contrast > 0 {
+    if let Some(step) = rows.len().checked_div(args.contrast) {
         // Every n-th training prompt, so subjects and GSM8K are spread.
-        let step = (rows.len() / args.contrast).max(1);
+        let step = step.max(1);
         let picked: Vec<String> = rows
             .iter()
             .step_by(step)
