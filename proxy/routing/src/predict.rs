@@ -29,6 +29,10 @@ pub struct ModelPrior {
     pub max_num_batched_tokens: u32,
     /// Fixed per-request cost (HTTP, tokenization, scheduling, sampling the first token), in seconds.
     pub overhead_s: f64,
+    /// Attention's cost per (query, key) token pair of prefill, in seconds: prefilling `u` new
+    /// tokens after `c` cached ones computes about `u × c + u² / 2` pairs, which makes long
+    /// prompts superlinear in their length. 0 treats prefill as linear.
+    pub prefill_attention_pair_s: f64,
 }
 
 impl Default for ModelPrior {
@@ -39,6 +43,7 @@ impl Default for ModelPrior {
             decode_step_per_seq_s: 0.000_1,
             max_num_batched_tokens: 8_192,
             overhead_s: 0.01,
+            prefill_attention_pair_s: 0.0,
         }
     }
 }
@@ -259,6 +264,9 @@ pub struct Prediction {
     /// `max(prefill_wait_s, capacity_wait_s)`.
     pub wait_s: f64,
     pub prefill_s: f64,
+    /// Attention's superlinear share of this request's prefill: `prefill_attention_pair_s ×
+    /// (uncached × cached + uncached² / 2)`.
+    pub attention_s: f64,
     pub decode_interference_s: f64,
     pub kv_pressure_factor: f64,
     pub overhead_s: f64,
@@ -343,6 +351,8 @@ pub fn predict(
         + f64::from(running_seqs) * view.prior.decode_step_per_seq_s;
     let prefill_wait_s = queued_prefill_tokens / rate;
     let prefill_s = f64::from(uncached_tokens) / rate;
+    let (u, c) = (f64::from(uncached_tokens), f64::from(cached_tokens));
+    let attention_s = view.prior.prefill_attention_pair_s.max(0.0) * (u * c + u * u / 2.0);
     let decode_interference_s = if running_seqs > 0 {
         let steps = ((queued_prefill_tokens + f64::from(uncached_tokens)) / budget_tokens)
             .ceil()
@@ -400,7 +410,9 @@ pub fn predict(
     };
 
     let overhead_s = view.prior.overhead_s;
-    let raw_ttft_s = wait_s + (prefill_s + decode_interference_s) * kv_pressure_factor + overhead_s;
+    let raw_ttft_s = wait_s
+        + (prefill_s + attention_s + decode_interference_s) * kv_pressure_factor
+        + overhead_s;
     let correction = view
         .correction
         .clamp(config.correction_min, config.correction_max);
@@ -425,9 +437,9 @@ pub fn predict(
         0.0
     };
     let marginal_delay_s = if kv_bound {
-        completion_share_s.max(prefill_s)
+        completion_share_s.max(prefill_s + attention_s)
     } else {
-        prefill_s * kv_pressure_factor
+        (prefill_s + attention_s) * kv_pressure_factor
     };
     let queue_cost_s =
         config.queue_cost_weight.max(0.0) * marginal_delay_s * f64::from(requests_behind);
@@ -456,6 +468,7 @@ pub fn predict(
         capacity_bound,
         wait_s,
         prefill_s,
+        attention_s,
         decode_interference_s,
         kv_pressure_factor,
         overhead_s,
@@ -581,6 +594,48 @@ mod tests {
         assert!(p.signals_fresh);
         let w = p.reported_waiting.unwrap();
         assert!(w.used && close(w.age_s, 0.2));
+    }
+
+    #[test]
+    fn attention_makes_prefill_superlinear_in_context() {
+        let (signals, own) = example();
+        let prior = ModelPrior {
+            prefill_attention_pair_s: 1e-9,
+            ..ModelPrior::default()
+        };
+        let view = EndpointView {
+            signals: &signals,
+            inflight: &own,
+            prior: &prior,
+            prefill_tokens_per_second: 10_000.0,
+            correction: 1.2,
+            mean_prompt_tokens: 2_000.0,
+            mean_service_s: None,
+        };
+        let cfg = PredictConfig::default();
+        let cached = |c| Some((c, PrefixSource::Approximate));
+        // 4,000 new tokens after 4,000 cached: 4,000 × 4,000 + 4,000² / 2 = 24e6 pairs = 24 ms.
+        let p = predict(&view, 8_000, cached(4_000), t(1.2), &cfg);
+        assert!(close(p.attention_s, 0.024));
+        assert!(close(p.prefill_s, 0.4));
+        let raw = 0.45 + (0.4 + 0.024 + 0.042) * 1.5 + 0.01;
+        assert!(close(p.raw_ttft_s, raw));
+        assert!(close(p.marginal_delay_s, (0.4 + 0.024) * 1.5));
+        // Twice the new tokens with nothing cached: 8,000² / 2 = 32e6 pairs, and the linear part
+        // doubles; the same 4,000 new tokens after 12,000 cached cost 56 ms of attention.
+        let p = predict(&view, 8_000, None, t(1.2), &cfg);
+        assert!(close(p.attention_s, 0.032));
+        let p = predict(&view, 16_000, cached(12_000), t(1.2), &cfg);
+        assert!(close(p.attention_s, 0.056));
+        // Without the coefficient prefill is linear, as before.
+        let linear = EndpointView {
+            prior: &ModelPrior::default(),
+            ..view
+        };
+        assert_eq!(
+            predict(&linear, 16_000, cached(12_000), t(1.2), &cfg).attention_s,
+            0.0
+        );
     }
 
     /// The second worked example of docs/ttft-model.md: the same endpoint with a 16,000-token KV

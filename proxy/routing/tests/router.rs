@@ -28,6 +28,7 @@ fn prior() -> ModelPrior {
         decode_step_per_seq_s: 0.0,
         max_num_batched_tokens: 8_192,
         overhead_s: 0.01,
+        prefill_attention_pair_s: 0.0,
     }
 }
 

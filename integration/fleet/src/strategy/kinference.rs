@@ -57,6 +57,7 @@ pub fn prior_of(info: &ReplicaInfo) -> ModelPrior {
         decode_step_per_seq_s: c.decode_seq_s,
         max_num_batched_tokens: info.max_num_batched_tokens,
         overhead_s: c.step_overhead_s,
+        prefill_attention_pair_s: c.prefill_attention_pair_s,
     }
 }
 
