@@ -1,8 +1,10 @@
 //! The response body on its way back: passed through frame by frame, observed on the way.
 //!
 //! The proxy never buffers a response. [`ObservedBody`] forwards each frame as it arrives and
-//! watches it: for a stream, the first SSE event with choices is the first token (TTFT), the gaps
-//! between later ones are inter-token latencies, and the usage chunk gives token counts; for a
+//! watches it: for a stream, the first SSE event whose choices carry generated output is the
+//! first token (TTFT; a chat stream's opening role-only event is not, since a server may send it
+//! before prefill), the gaps between later ones are inter-token latencies, and the usage chunk
+//! gives token counts; for a
 //! non-stream response, the usage object is read from a bounded copy of the body. If the upstream
 //! fails mid-stream, the client gets an SSE `error` event and a clean end instead of a cut
 //! connection. When the body ends (or the client goes away) the [`Hooks`] hear how it went.
@@ -23,7 +25,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Summary {
     pub usage: Option<Usage>,
-    /// SSE events with choices (about one per token for vLLM).
+    /// SSE events with generated output (about one per token for vLLM).
     pub token_events: u64,
     /// The upstream failed after the first byte.
     pub upstream_error: Option<String>,
@@ -115,11 +117,11 @@ impl<B> ObservedBody<B> {
         if let Some(u) = v.get("usage").and_then(Usage::from_json) {
             self.summary.usage = Some(u);
         }
-        let has_choices = v
+        let has_output = v
             .get("choices")
             .and_then(|c| c.as_array())
-            .is_some_and(|c| !c.is_empty());
-        if has_choices {
+            .is_some_and(|c| c.iter().any(carries_output));
+        if has_output {
             self.summary.token_events += 1;
             match self.last_token_at {
                 None => {
@@ -148,6 +150,26 @@ impl<B> ObservedBody<B> {
             h.end(std::mem::take(&mut self.summary));
         }
     }
+}
+
+/// Whether a streamed choice carries generated output: text, content, reasoning, a tool call, or
+/// the finish of a generation that produced none. A chat stream's opening event (`delta: {role:
+/// "assistant", content: ""}`) does not: a server may send it before prefill has even started,
+/// and counting it would make every TTFT (and the predictor's feedback) the time to the headers.
+fn carries_output(choice: &serde_json::Value) -> bool {
+    let non_empty = |v: Option<&serde_json::Value>| match v {
+        Some(serde_json::Value::String(s)) => !s.is_empty(),
+        Some(serde_json::Value::Array(a)) => !a.is_empty(),
+        Some(serde_json::Value::Null) | None => false,
+        Some(_) => true,
+    };
+    let delta = choice.get("delta");
+    non_empty(choice.get("text"))
+        || non_empty(delta.and_then(|d| d.get("content")))
+        || non_empty(delta.and_then(|d| d.get("reasoning_content")))
+        || non_empty(delta.and_then(|d| d.get("reasoning")))
+        || non_empty(delta.and_then(|d| d.get("tool_calls")))
+        || non_empty(choice.get("finish_reason"))
 }
 
 /// The end of the first complete SSE event: (its length, the separator's length).
@@ -310,11 +332,12 @@ mod tests {
         let out = b.collect().await.unwrap().to_bytes();
         assert_eq!(out.to_vec(), expected, "passed through unchanged");
         let s = seen.lock();
+        // The opening role event is not a token: "a" is the first, "b" the second.
         assert_eq!(s.first, 1);
-        assert_eq!(s.gaps, 2);
+        assert_eq!(s.gaps, 1);
         assert_eq!(s.ends, 1);
         let end = s.end.clone().unwrap();
-        assert_eq!(end.token_events, 3);
+        assert_eq!(end.token_events, 2);
         assert_eq!(
             end.usage,
             Some(Usage {
@@ -324,6 +347,33 @@ mod tests {
             })
         );
         assert!(!end.cancelled);
+    }
+
+    #[tokio::test]
+    async fn role_only_openers_are_not_tokens_but_a_bare_finish_is() {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let chunks = vec![
+            data(
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n",
+            ),
+            data(
+                "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n",
+            ),
+        ];
+        let b = ObservedBody::new(body(chunks), true, Box::new(Rec(seen.clone())));
+        b.collect().await.unwrap();
+        let s = seen.lock();
+        assert_eq!(s.first, 1, "the finish is the first output");
+        assert_eq!(s.end.as_ref().unwrap().token_events, 1);
+        assert!(!carries_output(
+            &serde_json::json!({"delta": {"role": "assistant"}})
+        ));
+        assert!(carries_output(
+            &serde_json::json!({"delta": {"tool_calls": [{"index": 0}]}})
+        ));
+        assert!(carries_output(
+            &serde_json::json!({"text": " the", "finish_reason": null})
+        ));
     }
 
     #[tokio::test]
