@@ -97,6 +97,28 @@ async fn dashboard_agrees_with_prometheus_under_load() {
         assert_eq!(f["requested_model"], "glm-5.3", "{f}");
         assert!(f["requests"].as_f64().unwrap() > 0.0);
     }
+    // Rule shares come from the proxy's rule counter over the window: the decisions each rule
+    // moved off glm-5.3 agree with the same counter asked of Prometheus.
+    let moved = support::prom_by(
+        &sys.prom,
+        "sum by (rule) (increase(kinference_proxy_rule_decisions_total{served_model!=\"glm-5.3\"}[5m]))",
+        "rule",
+    )
+    .await;
+    let mut by_rule: std::collections::BTreeMap<String, f64> = Default::default();
+    for r in flows["rules"].as_array().unwrap() {
+        *by_rule
+            .entry(r["rule"].as_str().unwrap().to_string())
+            .or_default() += r["requests"].as_f64().unwrap();
+        assert!(r["share"].as_f64().unwrap() <= 1.0, "{r}");
+    }
+    for (rule, v) in moved.iter().filter(|(_, v)| **v > 0.0) {
+        let got = by_rule.get(rule).copied().unwrap_or(0.0);
+        assert!(close(got, *v, 0.05), "{rule}: {got} vs {v}: {flows}");
+    }
+    for rule in by_rule.keys() {
+        assert!(moved.get(rule).is_some_and(|v| *v > 0.0), "{rule}: {flows}");
+    }
     if served.contains_key("qwen-3.6-27b") {
         let rule = &flows["rules"][0];
         assert_eq!(rule["rule"], "low-complexity-may-use-qwen", "{flows}");
