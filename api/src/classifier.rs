@@ -330,7 +330,8 @@ pub const MAX_EXTERNAL_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExternalTag {
-    /// URL of the classifier: http://host[:port]/path.
+    /// URL of the classifier: http://host[:port]/path, or https://... (verified against the
+    /// proxy's system root certificates).
     #[schemars(length(min = 1))]
     pub url: String,
 

@@ -189,7 +189,8 @@ fn an_external_url_that_is_not_http() {
         one(&c),
         pair(
             "spec.tags[2].external.url",
-            "\"ftp://classifier/x\" has scheme \"ftp\"; an external classifier is an http:// URL"
+            "\"ftp://classifier/x\" has scheme \"ftp\"; an external classifier is an http:// or \
+             https:// URL"
         )
     );
     external(&mut c).url = "classifier:8000/x".into();
@@ -197,7 +198,7 @@ fn an_external_url_that_is_not_http() {
         one(&c),
         pair(
             "spec.tags[2].external.url",
-            "\"classifier:8000/x\" is not a URL: write http://host[:port]/path"
+            "\"classifier:8000/x\" is not a URL: write http://host[:port]/path or https://..."
         )
     );
     external(&mut c).url = "http://:8000/x".into();
@@ -211,18 +212,10 @@ fn an_external_url_that_is_not_http() {
 }
 
 #[test]
-fn an_https_url_is_not_supported_yet() {
+fn an_https_url_is_accepted() {
     let mut c = support();
-    external(&mut c).url = "https://classifier/x".into();
-    assert_eq!(errors(&c).errors()[0].kind, ErrorKind::NotSupported);
-    assert_eq!(
-        one(&c),
-        pair(
-            "spec.tags[2].external.url",
-            "\"https://classifier/x\" uses https, which the proxy's classifier client does not \
-             support yet; use an http:// URL"
-        )
-    );
+    external(&mut c).url = "https://classifier.example.com/v1/tag".into();
+    validate_classifier(&c).unwrap();
 }
 
 #[test]

@@ -219,12 +219,7 @@ fn validate_exemplars(field: &str, exemplars: &ExemplarsTag, errors: &mut Errors
 
 fn validate_external(field: &str, external: &ExternalTag, errors: &mut Errors) {
     if let Err(message) = check_url(&external.url) {
-        let kind = if external.url.starts_with("https://") {
-            ErrorKind::NotSupported
-        } else {
-            ErrorKind::Invalid
-        };
-        errors.push(format!("{field}.url"), kind, message);
+        errors.push(format!("{field}.url"), ErrorKind::Invalid, message);
     }
     match external.timeout.parse() {
         Err(e) => errors.push(
@@ -317,26 +312,17 @@ fn check_value(errors: &mut Errors, field: &str, value: &str) {
     }
 }
 
-/// Checks that `url` is `http://host[:port][/path]`, or says what is wrong.
+/// Checks that `url` is `http(s)://host[:port][/path]`, or says what is wrong.
 fn check_url(url: &str) -> Result<(), String> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(format!(
-            "{url:?} is not a URL: write http://host[:port]/path"
+            "{url:?} is not a URL: write http://host[:port]/path or https://..."
         ));
     };
-    match scheme {
-        "http" => {}
-        "https" => {
-            return Err(format!(
-                "{url:?} uses https, which the proxy's classifier client does not support yet; \
-                 use an http:// URL"
-            ));
-        }
-        _ => {
-            return Err(format!(
-                "{url:?} has scheme {scheme:?}; an external classifier is an http:// URL"
-            ));
-        }
+    if !matches!(scheme, "http" | "https") {
+        return Err(format!(
+            "{url:?} has scheme {scheme:?}; an external classifier is an http:// or https:// URL"
+        ));
     }
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
     if authority.contains('@') {
@@ -409,13 +395,14 @@ mod tests {
             "http://127.0.0.1:9/x?y=1",
             "http://[::1]:8080/",
             "http://c.ml.svc.cluster.local",
+            "https://classifier.example.com/v1/tag",
         ] {
             assert_eq!(check_url(ok), Ok(()), "{ok}");
         }
         for bad in [
             "classifier:8000",
             "ftp://c/x",
-            "https://c/x",
+            "https://u@c/x",
             "http:///x",
             "http://c:0/",
             "http://c:99999/",

@@ -147,3 +147,64 @@ async fn garbage_error_and_refused_fall_back() {
         ClassifierId::ExternalFallback(FallbackReason::Unavailable)
     );
 }
+
+/// An HTTPS classifier on loopback with a certificate from a private root: verified and used when
+/// the client trusts that root, refused (the fallback's `Unavailable`) when it does not.
+#[tokio::test]
+async fn https_is_verified_against_the_given_roots() {
+    use kinference_classify::external::{ExternalClassifier, ExternalError, http::HttpClassifier};
+    use rustls::{
+        RootCertStore, ServerConfig,
+        pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer},
+    };
+    use std::sync::Arc;
+
+    let key = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert = key.cert.der().clone();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let server = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.signing_key.serialize_der())),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let svc = service_fn(|_req: Request<Incoming>| async move {
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(
+                        r#"{"value":"legal","confidence":0.8}"#,
+                    ))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+
+    let url = format!("https://localhost:{port}/classify");
+    let mut roots = RootCertStore::empty();
+    roots.add(cert).unwrap();
+    let trusted = HttpClassifier::with_roots(&url, roots).unwrap();
+    let answer = trusted.classify("domain", "a contract").await.unwrap();
+    assert_eq!((answer.value.as_str(), answer.confidence), ("legal", 0.8));
+
+    let untrusted = HttpClassifier::with_roots(&url, RootCertStore::empty()).unwrap();
+    let refused = untrusted.classify("domain", "a contract").await;
+    assert!(
+        matches!(refused, Err(ExternalError::Unavailable(_))),
+        "{refused:?}"
+    );
+}

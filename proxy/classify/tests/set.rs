@@ -311,13 +311,13 @@ fn bad_resources_have_precise_messages() {
     );
     // Without the `http` feature no external client can be built, so the URL is never read.
     let expected = if cfg!(feature = "http") {
-        "tag \"x\": URL \"https://example.com/\" must be http:// with a host"
+        "tag \"x\": URL \"ftp://example.com/\" must be http:// or https:// with a host"
     } else {
         "tag \"x\": external classifiers need the `http` feature of kinference-classify"
     };
     assert_eq!(
         err(vec![external(
-            "https://example.com/",
+            "ftp://example.com/",
             Duration::from_millis(5),
             0.5
         )]),
