@@ -435,6 +435,7 @@ fn negative_prices_and_priors() {
     let model = &mut s.policy.spec.models[0];
     model.prior.prefill_tokens_per_second = 0.0;
     model.prior.time_per_output_token_ms = -30.0;
+    model.prior.prefill_attention_ms_per_million_pairs = Some(-1.4);
     let price = model.price.as_mut().unwrap();
     price.prompt_per_million = -0.6;
     price.cached_per_million = Some(f64::NAN);
@@ -449,6 +450,10 @@ fn negative_prices_and_priors() {
             (
                 "spec.models[0].prior.timePerOutputTokenMs",
                 "-30 must be greater than 0"
+            ),
+            (
+                "spec.models[0].prior.prefillAttentionMsPerMillionPairs",
+                "-1.4 must be 0 or more"
             ),
             (
                 "spec.models[0].price.promptPerMillion",

@@ -256,6 +256,11 @@ fn model_from_proto(m: &api::Model) -> Model {
             p.time_per_output_token_s,
             defaults.time_per_output_token_s,
         ),
+        prefill_attention_pair_s: if p.prefill_attention_s_per_pair.is_finite() {
+            p.prefill_attention_s_per_pair.max(0.0)
+        } else {
+            0.0
+        },
         ..defaults
     });
     let price = m.price.as_ref().map_or_else(Price::default, |p| Price {
@@ -323,7 +328,7 @@ pub(crate) mod tests {
     /// The policy of `examples/policy.yaml`, as the controller serves it.
     pub(crate) fn example_proto() -> api::InferencePolicy {
         use api::rule;
-        let model = |name: &str, tps: f64, price: f64| api::Model {
+        let model = |name: &str, tps: f64, price: f64, attention: f64| api::Model {
             name: name.into(),
             served_name: name.into(),
             backend: Some(api::Backend {
@@ -340,6 +345,7 @@ pub(crate) mod tests {
             prior: Some(api::Prior {
                 prefill_tokens_per_second: tps,
                 time_per_output_token_s: 0.03,
+                prefill_attention_s_per_pair: attention,
             }),
             price: Some(api::Price {
                 prompt_usd_per_million_tokens: price,
@@ -351,8 +357,8 @@ pub(crate) mod tests {
         api::InferencePolicy {
             revision: "r1".into(),
             models: vec![
-                model("glm-5.3", 12000.0, 0.6),
-                model("qwen-3.6-27b", 6000.0, 0.2),
+                model("glm-5.3", 12000.0, 0.6, 1.4e-9),
+                model("qwen-3.6-27b", 6000.0, 0.2, f64::NAN),
             ],
             aliases: vec![api::Alias {
                 name: "default".into(),
@@ -399,6 +405,10 @@ pub(crate) mod tests {
         let glm = p.model("glm-5.3").unwrap();
         assert_eq!(glm.pool, "glm-5.3");
         assert_eq!(glm.prior.prefill_tokens_per_second, 12000.0);
+        assert_eq!(glm.prior.prefill_attention_pair_s, 1.4e-9);
+        // A value that is not a number is no attention term, never a poisoned prediction.
+        let qwen = p.model("qwen-3.6-27b").unwrap();
+        assert_eq!(qwen.prior.prefill_attention_pair_s, 0.0);
         assert_eq!(
             glm.prior.max_num_batched_tokens,
             ModelPrior::default().max_num_batched_tokens

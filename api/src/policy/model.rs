@@ -99,6 +99,13 @@ pub struct PerformancePrior {
     /// TimePerOutputTokenMs is the time, in milliseconds, one endpoint takes to decode each
     /// output token after the first (TPOT). Must be greater than 0.
     pub time_per_output_token_ms: f64,
+
+    /// PrefillAttentionMsPerMillionPairs is attention's share of prefill: milliseconds per million
+    /// (query, key) token pairs. Prefilling `u` new tokens after `c` cached ones computes about
+    /// `u × c + u² / 2` pairs, which makes long prompts slower per token than short ones. Optional;
+    /// 0 (the default) treats prefill as linear in the prompt's length. At least 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_attention_ms_per_million_pairs: Option<f64>,
 }
 
 /// ModelPrice is the price of a model's tokens, per million tokens, in one currency.

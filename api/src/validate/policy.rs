@@ -196,6 +196,16 @@ fn validate_model(
         true,
         None,
     );
+    if let Some(attention) = prior.prefill_attention_ms_per_million_pairs {
+        check_range(
+            errors,
+            &format!("{field}.prior.prefillAttentionMsPerMillionPairs"),
+            attention,
+            0.0,
+            false,
+            None,
+        );
+    }
 
     if let Some(price) = &model.price {
         let field = format!("{field}.price");

@@ -143,6 +143,8 @@ impl KvEvents {
 pub struct Prior {
     pub prefill_tokens_per_second: f64,
     pub time_per_output_token_s: f64,
+    /// Seconds per (query, key) token pair of prefill attention (0: linear prefill).
+    pub prefill_attention_s_per_pair: f64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]

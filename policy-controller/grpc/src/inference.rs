@@ -183,6 +183,7 @@ fn model(m: &core::Model) -> api::Model {
         prior: Some(api::Prior {
             prefill_tokens_per_second: m.prior.prefill_tokens_per_second,
             time_per_output_token_s: m.prior.time_per_output_token_s,
+            prefill_attention_s_per_pair: m.prior.prefill_attention_s_per_pair,
         }),
         price: Some(api::Price {
             prompt_usd_per_million_tokens: m.price.prompt_per_million_tokens,
@@ -389,6 +390,7 @@ mod tests {
                 prior: Prior {
                     prefill_tokens_per_second: 6000.0,
                     time_per_output_token_s: 0.018,
+                    prefill_attention_s_per_pair: 5.3e-9,
                 },
                 price: Price {
                     prompt_per_million_tokens: 0.2,

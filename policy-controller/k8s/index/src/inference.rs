@@ -330,6 +330,11 @@ fn model(ns: &str, m: &api::Model, kv_events: Option<KvEvents>) -> Model {
         prior: Prior {
             prefill_tokens_per_second: m.prior.prefill_tokens_per_second,
             time_per_output_token_s: m.prior.time_per_output_token_ms / 1_000.0,
+            prefill_attention_s_per_pair: m
+                .prior
+                .prefill_attention_ms_per_million_pairs
+                .unwrap_or(0.0)
+                / 1e9,
         },
         price: m
             .price

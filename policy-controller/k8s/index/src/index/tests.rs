@@ -133,7 +133,7 @@ spec:
   models:
     - name: glm-5.3
       poolRef: {{name: glm-5.3}}
-      prior: {{prefillTokensPerSecond: 12000, timePerOutputTokenMs: 30}}
+      prior: {{prefillTokensPerSecond: 12000, timePerOutputTokenMs: 30, prefillAttentionMsPerMillionPairs: 1.4}}
       price: {{promptPerMillion: 0.6, cachedPerMillion: 0.11, completionPerMillion: 2.2}}
     - name: {extra_model}
       servedName: Qwen/Qwen3.6-27B
@@ -361,6 +361,9 @@ fn inference_policy_translates_models_aliases_rules_classifier_and_balancer() {
     assert_eq!(glm.pool, PoolRef::new(NS, "glm-5.3"));
     assert_eq!(glm.prior.prefill_tokens_per_second, 12_000.0);
     assert!((glm.prior.time_per_output_token_s - 0.030).abs() < 1e-12);
+    // 1.4 ms per million pairs, in seconds per pair; a model that declares none is linear.
+    assert!((glm.prior.prefill_attention_s_per_pair - 1.4e-9).abs() < 1e-21);
+    assert_eq!(p.models[1].prior.prefill_attention_s_per_pair, 0.0);
     assert_eq!(glm.price.prompt_per_million_tokens, 0.6);
     assert_eq!(glm.price.cached_prompt_per_million_tokens, 0.11);
     assert_eq!(glm.price.completion_per_million_tokens, 2.2);
