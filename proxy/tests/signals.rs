@@ -80,6 +80,19 @@ fn annotate_pool(dir: &Path) {
     std::fs::write(&path, out).unwrap();
 }
 
+/// Makes the example rule match on the keyword tag `translation=true` (deterministic, unlike the
+/// complexity model's scores), so the rule counter has something to count.
+fn translation_rule(doc: &mut serde_yaml::Value) {
+    if let Some(rules) = doc["spec"]["rules"].as_sequence_mut() {
+        for rule in rules {
+            rule["match"]["tags"] = serde_yaml::from_str(
+                "[{name: translation, values: [\"true\"], minConfidence: 0.0}]",
+            )
+            .unwrap();
+        }
+    }
+}
+
 struct Env {
     http: reqwest::Client,
     base: String,
@@ -102,7 +115,7 @@ async fn start() -> Env {
             &local::workspace_root().join("examples"),
             manifests.path(),
             &ports,
-            &|_| {},
+            &translation_rule,
         )
         .unwrap();
         annotate_pool(manifests.path());
@@ -331,6 +344,62 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
             > w["prediction"]["predicted_ttft_s"].as_f64().unwrap(),
         "{record}"
     );
+
+    // A few short prompts, some of which the example policy's rule may match: the rule counter
+    // equals the matched rules of the decision records, by the model each decision chose.
+    for (n, p) in [
+        "Say hello.",
+        "What is the capital of France?",
+        "Translate 'good morning' into Spanish.",
+    ]
+    .iter()
+    .enumerate()
+    {
+        env.chat(p, &format!("rule-{n}")).await;
+    }
+    let records = env.get("/debug/decisions").await;
+    let mut want: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for r in records.as_array().unwrap() {
+        let model = chosen(r)["model"].as_str().unwrap().to_string();
+        for t in r["rule_trace"].as_array().unwrap() {
+            if t["matched"] == true {
+                *want
+                    .entry((t["rule"].as_str().unwrap().to_string(), model.clone()))
+                    .or_default() += 1.0;
+            }
+        }
+    }
+    let metrics = env
+        .http
+        .get(format!("{}/metrics", env.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut got: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("kinference_proxy_rule_decisions_total{"))
+    {
+        let label = |k: &str| {
+            line.split(&format!("{k}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap()
+                .to_string()
+        };
+        let v: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        *got.entry((label("rule"), label("served_model")))
+            .or_default() += v;
+    }
+    assert_eq!(
+        want.get(&("low-complexity-may-use-qwen".to_string(), MODEL.to_string())),
+        Some(&1.0),
+        "only the translation prompt matches: {records}"
+    );
+    assert_eq!(got, want, "{records}");
 
     // The proxy counted the batches it applied.
     let metrics = env
