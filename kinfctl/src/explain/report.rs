@@ -258,8 +258,8 @@ impl Reason {
                 secs(d.tie_window_s)
             ),
             "prefix_affinity" => format!(
-                "{} endpoints of one model predicted within the affinity slack; the one holding \
-                 most of the prompt's prefix won",
+                "{} endpoints of one model predicted within the affinity slack (the KV cache is \
+                 short); the one holding most of the prompt, then the prompt's home endpoint, won",
                 self.eligible.unwrap_or(0)
             ),
             "fallback_stale_signals" => format!(
