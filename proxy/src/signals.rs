@@ -56,6 +56,7 @@ pub fn to_scrape(m: &VllmMetrics) -> Scrape {
             (Some(q), Some(h)) => Some(PrefixCacheCounters {
                 queries_tokens: q,
                 hits_tokens: h,
+                prompt_tokens: tokens(m.prompt_tokens),
             }),
             _ => None,
         },
@@ -216,6 +217,7 @@ mod tests {
             kv_cache_usage: Some(0.5),
             prefix_cache_queries_tokens: Some(100.0),
             prefix_cache_hits_tokens: Some(40.0),
+            prompt_tokens: Some(60.0),
             block_size: Some(16),
             num_gpu_blocks: Some(1000),
             ..VllmMetrics::default()
@@ -226,6 +228,7 @@ mod tests {
         assert_eq!(s.kv_cache_usage, Some(0.5));
         assert_eq!(s.cache_config.map(|c| c.capacity_tokens()), Some(16_000));
         assert_eq!(s.prefix_cache.map(|p| p.hits_tokens), Some(40));
+        assert_eq!(s.prefix_cache.and_then(|p| p.prompt_tokens), Some(60));
         let empty = to_scrape(&VllmMetrics {
             num_requests_waiting: Some(f64::NAN),
             ..VllmMetrics::default()

@@ -24,6 +24,8 @@ pub struct Scraped {
     pub prefix_cache_queries_tokens: u64,
     /// `vllm:prefix_cache_hits_total`, tokens.
     pub prefix_cache_hits_tokens: u64,
+    /// `vllm:prompt_tokens_total`.
+    pub prompt_tokens: u64,
 }
 
 impl Scraped {
@@ -36,6 +38,7 @@ impl Scraped {
             kv_cache_usage: stats.kv_cache_usage,
             prefix_cache_queries_tokens: stats.prefix_cache_queries,
             prefix_cache_hits_tokens: stats.prefix_cache_hits,
+            prompt_tokens: stats.prompt_tokens,
         }
     }
 }

@@ -127,11 +127,17 @@ impl CacheConfig {
 }
 
 /// vLLM's prefix-cache counters (`vllm:prefix_cache_queries` / `vllm:prefix_cache_hits`), in tokens,
-/// cumulative since the engine started.
+/// cumulative since the engine started, and `vllm:prompt_tokens` from the same scrape.
+///
+/// vLLM counts a request's whole prompt as queried when the scheduler admits it, and as a prompt
+/// token when its prefill completes, so `queries − prompt_tokens` is the prompt tokens of the
+/// requests prefilling right now: others' long prefills that a newly admitted request waits behind.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct PrefixCacheCounters {
     pub queries_tokens: u64,
     pub hits_tokens: u64,
+    /// `vllm:prompt_tokens_total`, when scraped.
+    pub prompt_tokens: Option<u64>,
 }
 
 /// What an endpoint reports about itself, each with its observation time.
@@ -149,6 +155,8 @@ pub struct Signals {
     pub prefix_cache: Option<Observed<PrefixCacheCounters>>,
     /// The hit fraction between the last two counter readings (other clients' cache reuse).
     pub prefix_hit_fraction: Option<Observed<f64>>,
+    /// Prompt tokens of the requests being prefilled at the scrape (`queries − prompt_tokens`).
+    pub prefilling_tokens: Option<Observed<u64>>,
 }
 
 /// One scrape of an endpoint's metrics: every field present is stamped with `at`.
@@ -201,6 +209,10 @@ impl Signals {
                     self.prefix_hit_fraction = Some(Observed::new(fraction, at));
                 }
             }
+            let prefilling = counters
+                .prompt_tokens
+                .map(|p| counters.queries_tokens.saturating_sub(p));
+            set(&mut self.prefilling_tokens, prefilling, at);
             set(&mut self.prefix_cache, Some(counters), at);
         }
     }
@@ -242,6 +254,7 @@ mod tests {
             prefix_cache: Some(PrefixCacheCounters {
                 queries_tokens: q,
                 hits_tokens: h,
+                prompt_tokens: None,
             }),
             ..Scrape::default()
         };
@@ -258,5 +271,30 @@ mod tests {
             s.prefix_hit_fraction.map(|o| o.at),
             Some(Time::from_secs_f64(2.0))
         );
+    }
+
+    #[test]
+    fn prefilling_tokens_are_queries_less_completed_prompts_of_one_scrape() {
+        let mut s = Signals::default();
+        let counters = |q, p| Scrape {
+            prefix_cache: Some(PrefixCacheCounters {
+                queries_tokens: q,
+                hits_tokens: 0,
+                prompt_tokens: p,
+            }),
+            ..Scrape::default()
+        };
+        // 9,000 prompt tokens admitted, 1,800 of them through prefill: 7,200 prefilling.
+        s.apply(&counters(9_000, Some(1_800)), Time::from_secs_f64(1.0));
+        assert_eq!(s.prefilling_tokens.map(|o| o.value), Some(7_200));
+        // Without vllm:prompt_tokens nothing is derived (the last value keeps its own time).
+        s.apply(&counters(9_500, None), Time::from_secs_f64(2.0));
+        assert_eq!(
+            s.prefilling_tokens.map(|o| o.at),
+            Some(Time::from_secs_f64(1.0))
+        );
+        // A counter read mid-update never goes negative.
+        s.apply(&counters(9_500, Some(9_600)), Time::from_secs_f64(3.0));
+        assert_eq!(s.prefilling_tokens.map(|o| o.value), Some(0));
     }
 }

@@ -118,6 +118,15 @@ impl InFlight {
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 
+    /// Prompt tokens (cached ones included) of the own requests awaiting their first token at `at`.
+    pub fn prompt_tokens_awaiting_as_of(&self, at: Time) -> u64 {
+        self.requests
+            .iter()
+            .filter(|r| r.dispatched_at <= at && r.first_token_at.is_none_or(|t| t > at))
+            .map(|r| u64::from(r.prompt_tokens))
+            .sum()
+    }
+
     /// Own requests that were decoding at `at`.
     pub fn decoding_as_of(&self, at: Time) -> u32 {
         let n = self

@@ -78,6 +78,10 @@ pub struct PredictConfig {
     pub service_alpha: f64,
     /// Weight of the queue cost in the selection cost (0 selects on predicted TTFT alone).
     pub queue_cost_weight: f64,
+    /// Share of others' in-progress prefill (prompt tokens being prefilled at the scrape, less this
+    /// proxy's own, discounted by the hit fraction) still left when a request arrives: the
+    /// expected remainder of work that is known to be there. 0 ignores it.
+    pub prefilling_remaining_fraction: f64,
     /// Weight of the duplicate-prefix cost in the selection cost: the prompt tokens another
     /// candidate of the same model has cached but this one would prefill again are charged once
     /// more at this endpoint's rate (`miss_cost_s = weight × duplicate_tokens / rate`), for the
@@ -102,6 +106,7 @@ impl Default for PredictConfig {
             default_output_tokens: 256.0,
             service_alpha: 0.2,
             queue_cost_weight: 1.0,
+            prefilling_remaining_fraction: 0.5,
             miss_cost_weight: 3.0,
         }
     }
@@ -245,6 +250,9 @@ pub struct Prediction {
     pub other_waiting_requests: u32,
     /// Estimated uncached tokens of each of those.
     pub other_request_tokens: f64,
+    /// Others' uncached prompt tokens still to prefill from requests prefilling at the scrape
+    /// (`prefilling_tokens` less own, × (1 − hit fraction) × `prefilling_remaining_fraction`).
+    pub others_prefilling_tokens: f64,
     pub queued_prefill_tokens: f64,
     pub running_seqs: u32,
     pub prefill_tokens_per_second: f64,
@@ -333,8 +341,18 @@ pub fn predict(
     let hit_fraction = s.prefix_hit_fraction.map_or(0.0, |o| o.value);
     let other_request_tokens = view.mean_prompt_tokens.max(0.0) * (1.0 - hit_fraction);
     let own_queued = own.queued_prefill_tokens();
-    let queued_prefill_tokens =
-        own_queued as f64 + f64::from(other_waiting_requests) * other_request_tokens;
+    let others_prefilling_tokens = match s.prefilling_tokens {
+        Some(o) if o.is_fresh(now, budget) => {
+            o.value
+                .saturating_sub(own.prompt_tokens_awaiting_as_of(o.at)) as f64
+                * (1.0 - hit_fraction)
+                * config.prefilling_remaining_fraction.clamp(0.0, 1.0)
+        }
+        _ => 0.0,
+    };
+    let queued_prefill_tokens = own_queued as f64
+        + f64::from(other_waiting_requests) * other_request_tokens
+        + others_prefilling_tokens;
 
     let reported_running = s
         .num_requests_running
@@ -457,6 +475,7 @@ pub fn predict(
         kv_cache_usage,
         other_waiting_requests,
         other_request_tokens,
+        others_prefilling_tokens,
         queued_prefill_tokens,
         running_seqs,
         prefill_tokens_per_second: rate,
@@ -594,6 +613,43 @@ mod tests {
         assert!(p.signals_fresh);
         let w = p.reported_waiting.unwrap();
         assert!(w.used && close(w.age_s, 0.2));
+    }
+
+    #[test]
+    fn others_prefilling_now_add_their_expected_remainder_to_the_queue() {
+        let (mut signals, own) = example();
+        // 12,000 prompt tokens prefilling at the scrape at 1.0; the two own requests (1,000 and
+        // 500 tokens, dispatched at 0.9) are among them: 10,500 are others'. The hit fraction is
+        // 0.5 and half is expected to remain: 10,500 × 0.5 × 0.5 = 2,625 tokens.
+        signals.prefilling_tokens = Some(Observed::new(12_000, t(1.0)));
+        let prior = ModelPrior::default();
+        let view = EndpointView {
+            signals: &signals,
+            inflight: &own,
+            prior: &prior,
+            prefill_tokens_per_second: 10_000.0,
+            correction: 1.0,
+            mean_prompt_tokens: 2_000.0,
+            mean_service_s: None,
+        };
+        let cfg = PredictConfig::default();
+        let p = predict(&view, 8_000, None, t(1.2), &cfg);
+        assert!(close(p.others_prefilling_tokens, 2_625.0));
+        // Own 1,500 + 3 others waiting × 1,000 + 2,625 prefilling.
+        assert!(close(p.queued_prefill_tokens, 1_500.0 + 3_000.0 + 2_625.0));
+        // Off, or past the freshness budget: not counted.
+        let off = PredictConfig {
+            prefilling_remaining_fraction: 0.0,
+            ..cfg
+        };
+        assert_eq!(
+            predict(&view, 8_000, None, t(1.2), &off).others_prefilling_tokens,
+            0.0
+        );
+        assert_eq!(
+            predict(&view, 8_000, None, t(5.0), &cfg).others_prefilling_tokens,
+            0.0
+        );
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub struct VllmMetrics {
     pub kv_cache_usage: Option<f64>,
     pub prefix_cache_queries_tokens: Option<f64>,
     pub prefix_cache_hits_tokens: Option<f64>,
+    /// `vllm:prompt_tokens_total`: prompt tokens of requests whose prefill completed. With the
+    /// prefix-cache queries (counted at admission) it gives the prompt tokens prefilling now.
+    pub prompt_tokens: Option<f64>,
     pub num_preemptions: Option<f64>,
     /// From `vllm:cache_config_info` labels.
     pub block_size: Option<u32>,
@@ -98,6 +101,7 @@ pub fn parse_vllm_metrics(text: &str) -> Result<VllmMetrics, ParseError> {
     let mut usage = Renamed::default();
     let mut queries = Renamed::default();
     let mut hits = Renamed::default();
+    let mut prompt_tokens = Renamed::default();
     let mut preemptions = Renamed::default();
     let mut block_size: Option<u32> = None;
     // num_gpu_blocks per engine, so a repeated sample is not counted twice.
@@ -130,6 +134,7 @@ pub fn parse_vllm_metrics(text: &str) -> Result<VllmMetrics, ParseError> {
                 Some(&mut hits.old)
             }
             "vllm:num_preemptions_total" | "vllm:num_preemptions" => Some(&mut preemptions.current),
+            "vllm:prompt_tokens_total" | "vllm:prompt_tokens" => Some(&mut prompt_tokens.current),
             "vllm:cache_config_info" => {
                 seen = true;
                 let engine = sample.label("engine").unwrap_or_default().to_string();
@@ -185,6 +190,7 @@ pub fn parse_vllm_metrics(text: &str) -> Result<VllmMetrics, ParseError> {
         kv_cache_usage: usage.mean(),
         prefix_cache_queries_tokens: queries.sum(),
         prefix_cache_hits_tokens: hits.sum(),
+        prompt_tokens: prompt_tokens.sum(),
         num_preemptions: preemptions.sum(),
         block_size,
         num_gpu_blocks,

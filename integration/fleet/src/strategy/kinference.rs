@@ -191,6 +191,7 @@ impl Router for Kinference {
                 prefix_cache: Some(PrefixCacheCounters {
                     queries_tokens: s.prefix_cache_queries_tokens,
                     hits_tokens: s.prefix_cache_hits_tokens,
+                    prompt_tokens: Some(s.prompt_tokens),
                 }),
             };
             let _ = self

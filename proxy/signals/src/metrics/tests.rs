@@ -23,6 +23,9 @@ vllm:prefix_cache_queries_created{engine="0",model_name="Qwen/Qwen3-8B"} 1.75234
 # HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
 # TYPE vllm:prefix_cache_hits_total counter
 vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-8B"} 8192.0
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-8B"} 16384.0
 # HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
 # TYPE vllm:num_preemptions_total counter
 vllm:num_preemptions_total{engine="0",model_name="Qwen/Qwen3-8B"} 2.0
@@ -69,6 +72,7 @@ fn current_names() {
             kv_cache_usage: Some(0.4375),
             prefix_cache_queries_tokens: Some(20480.0),
             prefix_cache_hits_tokens: Some(8192.0),
+            prompt_tokens: Some(16384.0),
             num_preemptions: Some(2.0),
             block_size: Some(16),
             num_gpu_blocks: Some(27306),
@@ -89,6 +93,7 @@ fn old_names() {
             kv_cache_usage: Some(0.125),
             prefix_cache_queries_tokens: Some(1000.0),
             prefix_cache_hits_tokens: Some(250.0),
+            prompt_tokens: None,
             num_preemptions: Some(0.0),
             block_size: Some(32),
             num_gpu_blocks: Some(4096),
