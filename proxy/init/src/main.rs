@@ -3,7 +3,9 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use kinference_proxy_init::{Mode, Rules, SystemIptables, apply, rules::parse_list};
+use kinference_proxy_init::{
+    Family, Ipv6, Mode, Rules, Skipped, SystemIptables, apply, rules::parse_list,
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "kinference-proxy-init", version, about)]
@@ -26,7 +28,11 @@ struct Args {
     /// The iptables programs to run.
     #[arg(long, env = "KINFERENCE_IPTABLES", value_enum, default_value_t)]
     iptables: Mode,
-    /// Print the script for a fresh namespace and change nothing.
+    /// Whether the IPv6 nat table gets the rules too (`auto`: when it can be read).
+    #[arg(long, env = "KINFERENCE_IPV6", value_enum, default_value_t)]
+    ipv6: Ipv6,
+    /// Print the scripts for a fresh namespace (IPv4, then IPv6 unless `--ipv6 off`) and change
+    /// nothing.
     #[arg(long)]
     dry_run: bool,
 }
@@ -42,16 +48,23 @@ fn main() -> anyhow::Result<()> {
         skip_outbound_cidrs: parse_list(&args.skip_outbound_cidrs)
             .context("KINFERENCE_SKIP_OUTBOUND_CIDRS")?,
     };
-    for cidr in rules.ignored_cidrs() {
-        eprintln!("kinference-proxy-init: {cidr} is IPv6; only IPv4 traffic is redirected");
-    }
     if args.dry_run {
-        print!("{}", rules.script(""));
+        print!("{}", rules.script(Family::V4, ""));
+        if args.ipv6 != Ipv6::Off {
+            print!("{}", rules.script(Family::V6, ""));
+        }
         return Ok(());
     }
     let mut ipt = SystemIptables(args.iptables);
-    let script = apply(&mut ipt, &rules).context("installing the redirect rules")?;
-    print!("{script}");
+    let applied = apply(&mut ipt, &rules, args.ipv6).context("installing the redirect rules")?;
+    print!("{}", applied.v4);
+    match applied.v6 {
+        Ok(script) => print!("{script}"),
+        Err(Skipped::Off) => {}
+        Err(Skipped::Unavailable(e)) => {
+            eprintln!("kinference-proxy-init: IPv6 not redirected: no IPv6 nat table ({e})");
+        }
+    }
     eprintln!(
         "kinference-proxy-init: outbound TCP to {} redirected to port {} (UID {} exempt)",
         if rules.outbound_ports.is_empty() {

@@ -8,6 +8,10 @@
 //! Order matters: connections that must never be redirected return first (the proxy's own, by
 //! its UID, or it would loop; loopback; the skipped CIDRs and ports), then the intercepted ports
 //! (every TCP port when none are listed) are redirected to the proxy's outbound port.
+//!
+//! A dual-stack pod needs the same chain twice: once in the IPv4 nat table (`iptables-restore`)
+//! and once in the IPv6 one (`ip6tables-restore`), each with its own loopback network and the
+//! skipped CIDRs of its own family, or an app reaching its model over IPv6 would bypass the proxy.
 
 use std::{fmt, net::IpAddr, str::FromStr};
 
@@ -114,6 +118,39 @@ pub fn parse_list<T: FromStr<Err = ParseError>>(s: &str) -> Result<Vec<T>, Parse
         .collect()
 }
 
+/// The address family of a nat table: `iptables` or `ip6tables`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    /// The loopback network, never redirected.
+    fn loopback(self) -> &'static str {
+        match self {
+            Self::V4 => "127.0.0.0/8",
+            Self::V6 => "::1/128",
+        }
+    }
+
+    fn holds(self, cidr: &Cidr) -> bool {
+        match self {
+            Self::V4 => cidr.addr.is_ipv4(),
+            Self::V6 => cidr.addr.is_ipv6(),
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::V4 => "IPv4",
+            Self::V6 => "IPv6",
+        })
+    }
+}
+
 /// What to redirect, and what never to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rules {
@@ -125,32 +162,22 @@ pub struct Rules {
     pub outbound_ports: Vec<PortRange>,
     /// Destination ports never redirected (checked before `outbound_ports`).
     pub skip_outbound_ports: Vec<PortRange>,
-    /// Destination networks never redirected. The script is IPv4 (iptables), so IPv6 entries
-    /// are not written; see [`Rules::ignored_cidrs`].
+    /// Destination networks never redirected, of either family: each table gets its own.
     pub skip_outbound_cidrs: Vec<Cidr>,
 }
 
 impl Rules {
-    /// The skipped CIDRs the IPv4 script cannot express.
-    pub fn ignored_cidrs(&self) -> Vec<Cidr> {
-        self.skip_outbound_cidrs
-            .iter()
-            .filter(|c| c.addr.is_ipv6())
-            .copied()
-            .collect()
-    }
-
-    /// The chain's rules, in order, as `iptables-restore` lines.
-    pub fn chain_rules(&self) -> Vec<String> {
+    /// The chain's rules for one family's nat table, in order, as `iptables-restore` lines.
+    pub fn chain_rules(&self, family: Family) -> Vec<String> {
         let mut rules = vec![
             format!(
                 "-A {CHAIN} -m owner --uid-owner {} -j RETURN",
                 self.proxy_uid
             ),
             format!("-A {CHAIN} -o lo -j RETURN"),
-            format!("-A {CHAIN} -d 127.0.0.0/8 -j RETURN"),
+            format!("-A {CHAIN} -d {} -j RETURN", family.loopback()),
         ];
-        for cidr in self.skip_outbound_cidrs.iter().filter(|c| c.addr.is_ipv4()) {
+        for cidr in self.skip_outbound_cidrs.iter().filter(|c| family.holds(c)) {
             rules.push(format!("-A {CHAIN} -d {cidr} -j RETURN"));
         }
         for port in &self.skip_outbound_ports {
@@ -169,13 +196,13 @@ impl Rules {
         rules
     }
 
-    /// The `iptables-restore --noflush` input: the chain declared (so created or emptied), its
-    /// rules, and the jump from `OUTPUT` unless `saved_nat` (the output of `iptables-save -t
-    /// nat`, empty when unknown) already has it.
-    pub fn script(&self, saved_nat: &str) -> String {
+    /// The `iptables-restore --noflush` (or `ip6tables-restore`) input for one family: the
+    /// chain declared (so created or emptied), its rules, and the jump from `OUTPUT` unless
+    /// `saved_nat` (that family's `-save -t nat` output, empty when unknown) already has it.
+    pub fn script(&self, family: Family, saved_nat: &str) -> String {
         let mut out = String::from("*nat\n");
         out.push_str(&format!(":{CHAIN} - [0:0]\n"));
-        for rule in self.chain_rules() {
+        for rule in self.chain_rules(family) {
             out.push_str(&rule);
             out.push('\n');
         }
@@ -213,7 +240,7 @@ mod tests {
     #[test]
     fn with_no_ports_listed_all_tcp_is_redirected_except_the_proxy_and_loopback() {
         assert_eq!(
-            rules().script(""),
+            rules().script(Family::V4, ""),
             "*nat\n\
              :KINFERENCE_OUTPUT - [0:0]\n\
              -A KINFERENCE_OUTPUT -m owner --uid-owner 2102 -j RETURN\n\
@@ -232,7 +259,7 @@ mod tests {
             outbound_ports: parse_list("80, 8000-8010").unwrap(),
             ..rules()
         };
-        let chain = r.chain_rules();
+        let chain = r.chain_rules(Family::V4);
         assert_eq!(
             &chain[3..],
             [
@@ -254,7 +281,7 @@ mod tests {
             ..rules()
         };
         assert_eq!(
-            r.chain_rules()[0],
+            r.chain_rules(Family::V4)[0],
             "-A KINFERENCE_OUTPUT -m owner --uid-owner 1337 -j RETURN"
         );
     }
@@ -267,7 +294,7 @@ mod tests {
             skip_outbound_cidrs: parse_list("10.96.0.0/12, 169.254.169.254,fd00::/8").unwrap(),
             ..rules()
         };
-        let chain = r.chain_rules();
+        let chain = r.chain_rules(Family::V4);
         assert_eq!(
             &chain[3..],
             [
@@ -279,21 +306,48 @@ mod tests {
                 "-A KINFERENCE_OUTPUT -p tcp --dport 9000 -j REDIRECT --to-ports 4140",
             ]
         );
-        // IPv6 networks cannot go in an IPv4 table: reported, not written.
-        assert_eq!(r.ignored_cidrs(), parse_list::<Cidr>("fd00::/8").unwrap());
-        assert!(!r.script("").contains("fd00"));
+        // Each family's table gets only its own networks.
+        assert!(!r.script(Family::V4, "").contains("fd00"));
+        let v6 = r.chain_rules(Family::V6);
+        assert_eq!(
+            &v6[3..],
+            [
+                "-A KINFERENCE_OUTPUT -d fd00::/8 -j RETURN",
+                "-A KINFERENCE_OUTPUT -p tcp --dport 9000 -j RETURN",
+                "-A KINFERENCE_OUTPUT -p tcp --dport 22 -j RETURN",
+                "-A KINFERENCE_OUTPUT -p tcp --dport 8000 -j REDIRECT --to-ports 4140",
+                "-A KINFERENCE_OUTPUT -p tcp --dport 9000 -j REDIRECT --to-ports 4140",
+            ]
+        );
+        assert!(!r.script(Family::V6, "").contains("10.96"));
+    }
+
+    #[test]
+    fn the_ipv6_table_gets_the_same_chain_with_ipv6_loopback() {
+        assert_eq!(
+            rules().script(Family::V6, ""),
+            "*nat\n\
+             :KINFERENCE_OUTPUT - [0:0]\n\
+             -A KINFERENCE_OUTPUT -m owner --uid-owner 2102 -j RETURN\n\
+             -A KINFERENCE_OUTPUT -o lo -j RETURN\n\
+             -A KINFERENCE_OUTPUT -d ::1/128 -j RETURN\n\
+             -A KINFERENCE_OUTPUT -p tcp -j REDIRECT --to-ports 4140\n\
+             -A OUTPUT -p tcp -j KINFERENCE_OUTPUT\n\
+             COMMIT\n"
+        );
+        assert!(!rules().script(Family::V6, "").contains("127.0.0.0"));
     }
 
     #[test]
     fn rerunning_never_duplicates_the_jump() {
-        let first = rules().script("");
+        let first = rules().script(Family::V4, "");
         assert_eq!(first.matches("-j KINFERENCE_OUTPUT").count(), 1);
         // What iptables-save prints after the first run (both backends write it this way).
         let saved = "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
                      :KINFERENCE_OUTPUT - [0:0]\n-A OUTPUT -p tcp -j KINFERENCE_OUTPUT\n\
                      -A KINFERENCE_OUTPUT -p tcp -j REDIRECT --to-ports 4140\nCOMMIT\n";
         assert!(has_jump(saved));
-        let second = rules().script(saved);
+        let second = rules().script(Family::V4, saved);
         assert_eq!(second.matches("-j KINFERENCE_OUTPUT").count(), 0);
         // The chain is still declared, so --noflush empties it before the rules are added.
         assert!(second.contains(":KINFERENCE_OUTPUT - [0:0]\n"));

@@ -1,6 +1,7 @@
 //! The binary as the injected init container runs it: options from the environment the
 //! injector sets, `--dry-run` printing the script, bad options refused with the variable named.
-//! (The rules applied for real, in a network namespace, are tested in `proxy/tests/capture.rs`.)
+//! (The rules applied for real, in a network namespace, are tested in `netns.rs` and in
+//! `proxy/tests/capture.rs`.)
 
 use std::process::Command;
 
@@ -22,7 +23,10 @@ fn dry_run_prints_the_script_from_the_injectors_environment() {
         ("KINFERENCE_PROXY_UID", "2102"),
         ("KINFERENCE_OUTBOUND_PORTS", "80,8000"),
         ("KINFERENCE_SKIP_OUTBOUND_PORTS", "9000"),
-        ("KINFERENCE_SKIP_OUTBOUND_CIDRS", "10.96.0.0/12"),
+        (
+            "KINFERENCE_SKIP_OUTBOUND_CIDRS",
+            "10.96.0.0/12,fd00:10:96::/112",
+        ),
     ]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(
@@ -37,8 +41,25 @@ fn dry_run_prints_the_script_from_the_injectors_environment() {
          -A KINFERENCE_OUTPUT -p tcp --dport 80 -j REDIRECT --to-ports 4140\n\
          -A KINFERENCE_OUTPUT -p tcp --dport 8000 -j REDIRECT --to-ports 4140\n\
          -A OUTPUT -p tcp -j KINFERENCE_OUTPUT\n\
+         COMMIT\n\
+         *nat\n\
+         :KINFERENCE_OUTPUT - [0:0]\n\
+         -A KINFERENCE_OUTPUT -m owner --uid-owner 2102 -j RETURN\n\
+         -A KINFERENCE_OUTPUT -o lo -j RETURN\n\
+         -A KINFERENCE_OUTPUT -d ::1/128 -j RETURN\n\
+         -A KINFERENCE_OUTPUT -d fd00:10:96::/112 -j RETURN\n\
+         -A KINFERENCE_OUTPUT -p tcp --dport 9000 -j RETURN\n\
+         -A KINFERENCE_OUTPUT -p tcp --dport 80 -j REDIRECT --to-ports 4140\n\
+         -A KINFERENCE_OUTPUT -p tcp --dport 8000 -j REDIRECT --to-ports 4140\n\
+         -A OUTPUT -p tcp -j KINFERENCE_OUTPUT\n\
          COMMIT\n"
     );
+    // With IPv6 off, only the IPv4 table's script.
+    let out = run(&[("KINFERENCE_IPV6", "off")]);
+    assert!(out.status.success(), "{out:?}");
+    let script = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(script.matches("*nat").count(), 1, "{script}");
+    assert!(!script.contains("::1/128"), "{script}");
 }
 
 #[test]
