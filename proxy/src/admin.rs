@@ -6,7 +6,10 @@
 //! ready proxy can route; `/metrics` is the OpenMetrics exposition;
 //! `/debug/endpoints`, `POST /debug/classify`, `POST /debug/explain` (a dry run of the whole
 //! decision, see [`explain`]), `/debug/discovery` (whether the controller's streams are up) and
-//! `/debug/decisions` explain signals, tags and decisions without showing prompt text.
+//! `/debug/decisions` explain signals, tags and decisions without showing prompt text. All of
+//! these are about the default target; `/debug/targets` lists it and every redirected inference
+//! target the sidecar holds a stack for (policy, endpoints, connections, idle time), since with
+//! traffic capture one sidecar routes for several Services.
 
 pub mod explain;
 
@@ -47,9 +50,33 @@ fn text(status: StatusCode, body: String, content_type: &'static str) -> http::R
     rsp
 }
 
+/// What `/debug/targets` shows of the redirected targets (the app's, which holds them).
+pub type TargetsView = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+
+/// One target's state as `/debug/targets` shows it.
+pub fn target_state(target: &str, shared: &Shared) -> serde_json::Value {
+    let policy = shared.policy();
+    let endpoints: Vec<String> = shared
+        .balance
+        .subscribe()
+        .borrow()
+        .iter()
+        .map(|e| e.addr.to_string())
+        .collect();
+    serde_json::json!({
+        "target": target,
+        "ready": readiness(shared).is_ok(),
+        "connected": shared.controller_connected.load(Ordering::Relaxed),
+        "policy": policy.as_ref().map(|s| explain::PolicySummary::of(&s.policy)),
+        "endpoints": endpoints,
+        "awaiting_endpoints": shared.balance.awaiting_endpoints(),
+    })
+}
+
 /// Answers one admin request.
 pub async fn handle(
     shared: Arc<Shared>,
+    targets: TargetsView,
     req: http::Request<Incoming>,
 ) -> http::Response<ProxyBody> {
     let path = req.uri().path().to_string();
@@ -87,8 +114,15 @@ pub async fn handle(
         "/debug/classify" if method == Method::POST => classify(shared, req).await,
         "/debug/explain" if method == Method::POST => explain(shared, req).await,
         "/debug/discovery" if get => discovery(&shared),
+        "/debug/targets" if get => json(
+            StatusCode::OK,
+            &serde_json::json!({
+                "default": target_state(&shared.target, &shared),
+                "redirected": targets(),
+            }),
+        ),
         "/live" | "/ready" | "/metrics" | "/debug/endpoints" | "/debug/decisions"
-        | "/debug/classify" | "/debug/explain" | "/debug/discovery" => {
+        | "/debug/classify" | "/debug/explain" | "/debug/discovery" | "/debug/targets" => {
             let e = ApiError::method_not_allowed(&method, &path);
             json(e.status, &e.to_json())
         }
@@ -223,16 +257,16 @@ fn discovery(shared: &Shared) -> http::Response<ProxyBody> {
 }
 
 /// Serves the admin listener until the task is dropped.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, targets: TargetsView) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let shared = shared.clone();
+        let (shared, targets) = (shared.clone(), targets.clone());
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(handle(shared, req).await) }
+                let (shared, targets) = (shared.clone(), targets.clone());
+                async move { Ok::<_, Infallible>(handle(shared, targets, req).await) }
             });
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), svc)

@@ -4,7 +4,9 @@
 //! and the balancer; the scrapers follow the balancer's endpoints; the outbound and admin
 //! listeners serve until the process is told to stop. Each target (the configured default one,
 //! and each original destination of redirected connections that has an inference policy) gets
-//! its own discovery, balancer and service; metrics and decision records are shared.
+//! its own discovery, balancer and service; metrics and decision records are shared. A
+//! redirected target's stack is stopped (its tasks aborted) once it has been idle for
+//! `--target-idle-timeout-ms`.
 
 use crate::{
     admin,
@@ -72,14 +74,59 @@ async fn follow_connected(shared: Arc<Shared>, mut connected: tokio::sync::watch
     }
 }
 
-/// The stack that serves one target's OpenAI traffic.
+/// The service that serves one target's OpenAI traffic.
 type TargetService = RequestIdService<OpenAi<Dispatch>>;
+
+/// A target's background tasks, aborted when the last handle on its stack is dropped. Aborting
+/// the sync task drops discovery's receivers, which ends its streams to the controller; aborting
+/// the scrapers' task ends each endpoint's scraper.
+#[derive(Debug)]
+struct Tasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// One target's stack: its service, its state, and its tasks, which live as long as a clone.
+#[derive(Clone, Debug)]
+struct Target {
+    service: TargetService,
+    shared: Arc<Shared>,
+    _tasks: Arc<Tasks>,
+}
+
+impl tower::Service<http::Request<hyper::body::Incoming>> for Target {
+    type Response =
+        <TargetService as tower::Service<http::Request<hyper::body::Incoming>>>::Response;
+    type Error = <TargetService as tower::Service<http::Request<hyper::body::Incoming>>>::Error;
+    type Future = <TargetService as tower::Service<http::Request<hyper::body::Incoming>>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        <TargetService as tower::Service<http::Request<hyper::body::Incoming>>>::poll_ready(
+            &mut self.service,
+            cx,
+        )
+    }
+
+    fn call(&mut self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        self.service.call(req)
+    }
+}
 
 /// Starts the stack of one target (a Service authority, or the `ip:port` a redirected connection
 /// was going to): its discovery streams, the task applying them, the scrapers of its endpoints,
 /// and the service. `shared` is the target's own state; metrics and decision records are the
 /// sidecar's, shared by every target.
-fn spawn_target(config: &Config, target: String, shared: Arc<Shared>) -> TargetService {
+fn spawn_target(config: &Config, target: String, mut shared: Shared) -> Target {
+    shared.target = target.clone();
+    let shared = Arc::new(shared);
     let d = discovery::spawn(DiscoveryConfig {
         controller: config.controller_addr.clone(),
         target,
@@ -87,29 +134,35 @@ fn spawn_target(config: &Config, target: String, shared: Arc<Shared>) -> TargetS
         backoff_min: Duration::from_millis(100),
         backoff_max: Duration::from_secs(5),
     });
-    tokio::spawn(follow_connected(shared.clone(), d.connected.clone()));
-    tokio::spawn(sync(shared.clone(), d));
-    let _scrapers = signals::spawn(
-        shared.balance.clone(),
-        shared.metrics.clone(),
-        config.scrape_interval(),
-        config.scrape_timeout(),
-    );
+    let tasks = Tasks(vec![
+        tokio::spawn(follow_connected(shared.clone(), d.connected.clone())),
+        tokio::spawn(sync(shared.clone(), d)),
+        signals::spawn(
+            shared.balance.clone(),
+            shared.metrics.clone(),
+            config.scrape_interval(),
+            config.scrape_timeout(),
+        ),
+    ]);
     let dispatch = Dispatch::new(
         config.upstream_protocol,
         config.connect_timeout(),
         config.response_timeout(),
     );
     let front = OpenAi::new(
-        shared,
+        shared.clone(),
         dispatch,
         config.body_limit_bytes,
         config.allow_tenant_header,
         config.workload.clone(),
     );
-    tower::ServiceBuilder::new()
-        .layer(RequestIdLayer)
-        .service(front)
+    Target {
+        service: tower::ServiceBuilder::new()
+            .layer(RequestIdLayer)
+            .service(front),
+        shared,
+        _tasks: Arc::new(tasks),
+    }
 }
 
 /// How long the first connection to a new inference destination waits for its policy and
@@ -162,9 +215,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     // The default target serves direct use; the admin listener reports on it, and its metrics
     // and decision records are every target's.
-    let shared = Arc::new(new_shared(&config));
-    let direct = spawn_target(&config, config.target.clone(), shared.clone());
-    tokio::spawn(admin::serve(admin_listener, shared.clone()));
+    let direct = spawn_target(&config, config.target.clone(), new_shared(&config));
+    let shared = direct.shared.clone();
 
     let config = Arc::new(config);
     let make = {
@@ -173,12 +225,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             let mut own = new_shared(&config);
             own.metrics = base.metrics.clone();
             own.decisions = base.decisions.clone();
-            let own = Arc::new(own);
-            let service = spawn_target(&config, dst.to_string(), own.clone());
+            let target = spawn_target(&config, dst.to_string(), own);
             Box::pin(async move {
-                ready(&own, FIRST_POLICY_WAIT).await;
-                service
-            }) as futures::future::BoxFuture<'static, TargetService>
+                ready(&target.shared, FIRST_POLICY_WAIT).await;
+                target
+            }) as futures::future::BoxFuture<'static, Target>
         }
     };
     let resolve = ControllerResolve::new(
@@ -188,15 +239,60 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     let outbound = Arc::new(server::Outbound {
         direct,
-        targets: Targets::new(resolve, config.destination_recheck(), make),
+        targets: Targets::new(
+            resolve,
+            config.destination_recheck(),
+            config.target_idle_timeout(),
+            make,
+        ),
         orig_dst: SoOriginalDst,
         connect_timeout: config.connect_timeout(),
+        metrics: shared.metrics.clone(),
     });
+    let view: admin::TargetsView = {
+        let outbound = outbound.clone();
+        Arc::new(move || debug_targets(&outbound.targets))
+    };
+    tokio::spawn(admin::serve(admin_listener, shared.clone(), view));
+    tokio::spawn(evict_idle_targets(outbound.clone()));
     tokio::select! {
         _ = server::serve_outbound(listener, outbound) => {}
         _ = shutdown() => tracing::info!("shutting down"),
     }
     Ok(())
+}
+
+type Outbound = server::Outbound<Target, ControllerResolve, SoOriginalDst>;
+
+/// Stops the stacks of redirected targets that have been idle for the idle timeout.
+async fn evict_idle_targets(outbound: Arc<Outbound>) {
+    let period = outbound.targets.eviction_period();
+    loop {
+        tokio::time::sleep(period).await;
+        let evicted = outbound.targets.evict_idle();
+        outbound
+            .metrics
+            .target_evictions
+            .inc_by(evicted.len() as u64);
+    }
+}
+
+/// `/debug/targets`' list of redirected targets.
+fn debug_targets(targets: &Targets<Target, ControllerResolve>) -> serde_json::Value {
+    let list: Vec<serde_json::Value> = targets
+        .inference_targets()
+        .into_iter()
+        .map(|t| {
+            let mut v = match &t.stack {
+                Some(stack) => admin::target_state(&t.dst.to_string(), &stack.shared),
+                None => serde_json::json!({"target": t.dst.to_string(), "ready": false, "starting": true}),
+            };
+            v["connections"] = t.connections.into();
+            v["idle_s"] = t.idle_for.map(|d| d.as_secs_f64()).into();
+            v
+        })
+        .collect();
+    list.into()
 }
 
 async fn shutdown() {

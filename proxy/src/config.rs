@@ -99,6 +99,16 @@ pub struct Config {
     )]
     pub destination_recheck_ms: u64,
 
+    /// How long a redirected inference target's stack (its discovery streams, scrapers and
+    /// balancer) is kept with no connection before it is stopped, in milliseconds; the next
+    /// connection to it makes a new one.
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_TARGET_IDLE_TIMEOUT_MS",
+        default_value_t = 600_000
+    )]
+    pub target_idle_timeout_ms: u64,
+
     /// The workload's pod labels, `key=value`, for policy rules that select workloads by label.
     #[arg(
         long = "workload-label",
@@ -211,6 +221,10 @@ impl Config {
 
     pub fn destination_recheck(&self) -> Duration {
         Duration::from_millis(self.destination_recheck_ms)
+    }
+
+    pub fn target_idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.target_idle_timeout_ms)
     }
 
     pub fn scrape_interval(&self) -> Duration {

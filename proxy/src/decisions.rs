@@ -20,6 +20,9 @@ pub struct TagRecord {
 #[derive(Clone, Debug, Serialize)]
 pub struct DecisionRecord {
     pub request_id: String,
+    /// The target whose stack decided: the configured default target (direct use), or the
+    /// original destination `ip:port` of a redirected connection.
+    pub target: String,
     pub unix_time_ms: u64,
     pub tenant: String,
     /// The model string the client sent.
@@ -96,6 +99,7 @@ mod tests {
     fn record(id: &str) -> DecisionRecord {
         DecisionRecord {
             request_id: id.into(),
+            target: "llm:8000".into(),
             unix_time_ms: 0,
             tenant: "t".into(),
             requested: "m".into(),

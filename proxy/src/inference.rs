@@ -75,6 +75,9 @@ pub struct Shared {
     pub classifiers: classify::Cache,
     pub workload: Workload,
     pub retry_budget: u32,
+    /// The target this state is for (decision records name it): the default target's authority,
+    /// or a redirected connection's original destination; empty until set.
+    pub target: String,
     /// Whether every discovery stream to the controller is up (the last good policy is kept
     /// while it is not); `/debug/discovery` reports it.
     pub controller_connected: std::sync::atomic::AtomicBool,
@@ -90,6 +93,7 @@ impl Shared {
             classifiers: classify::Cache::default(),
             workload,
             retry_budget,
+            target: String::new(),
             controller_connected: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -324,6 +328,7 @@ where
     }
     shared.decisions.push(DecisionRecord {
         request_id: request_id.clone(),
+        target: shared.target.clone(),
         unix_time_ms: SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),

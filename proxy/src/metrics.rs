@@ -108,6 +108,22 @@ pub struct TenantLabels {
     pub requested_model: String,
 }
 
+/// Connections accepted on the outbound listener, by how they were served.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionLabels {
+    /// `direct` (the app called the proxy's port), `inference_target` (redirected to a
+    /// destination with an inference policy, served by its stack) or `forwarded` (redirected
+    /// elsewhere, copied as plain TCP).
+    pub served: String,
+}
+
+/// Forwarded connections that failed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForwardErrorLabels {
+    /// `connect` (refused or unreachable), `connect_timeout`, `io` (after connecting).
+    pub reason: String,
+}
+
 type Hist<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn hist<L: Clone + std::hash::Hash + Eq>(f: fn() -> Histogram) -> Hist<L> {
@@ -158,6 +174,9 @@ pub struct Metrics {
     pub endpoint_predicted_ttft_seconds: Hist<EndpointLabels>,
     pub endpoint_prediction_error_seconds: Hist<EndpointLabels>,
     pub rule_decisions: Family<RuleLabels, Counter>,
+    pub connections: Family<ConnectionLabels, Counter>,
+    pub forward_errors: Family<ForwardErrorLabels, Counter>,
+    pub target_evictions: Counter,
 }
 
 impl Default for Metrics {
@@ -297,6 +316,24 @@ impl Metrics {
             "Routing decisions whose policy evaluation matched a rule, by the model chosen",
             rule_decisions.clone(),
         );
+        let connections = Family::default();
+        r.register(
+            "connections",
+            "Connections accepted on the outbound listener, by how they were served",
+            connections.clone(),
+        );
+        let forward_errors = Family::default();
+        r.register(
+            "forward_errors",
+            "Redirected connections forwarded as plain TCP that failed, by reason",
+            forward_errors.clone(),
+        );
+        let target_evictions = Counter::default();
+        r.register(
+            "target_evictions",
+            "Stacks of redirected inference targets stopped after their idle timeout",
+            target_evictions.clone(),
+        );
         Self {
             registry: Arc::new(r),
             requests,
@@ -321,7 +358,28 @@ impl Metrics {
             endpoint_predicted_ttft_seconds,
             endpoint_prediction_error_seconds,
             rule_decisions,
+            connections,
+            forward_errors,
+            target_evictions,
         }
+    }
+
+    /// Counts an accepted connection by how it was served.
+    pub fn connection(&self, served: &str) {
+        self.connections
+            .get_or_create(&ConnectionLabels {
+                served: served.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a failed forwarded connection.
+    pub fn forward_error(&self, reason: &str) {
+        self.forward_errors
+            .get_or_create(&ForwardErrorLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     /// An observed TTFT (from dispatch) set against its prediction: the pool-labelled error and
@@ -467,6 +525,33 @@ mod tests {
             text.matches("kinference_proxy_rule_decisions_total{")
                 .count(),
             1
+        );
+    }
+
+    #[test]
+    fn capture_families_count_connections_and_forward_errors() {
+        let m = Metrics::new();
+        m.connection("inference_target");
+        m.connection("inference_target");
+        m.connection("forwarded");
+        m.forward_error("connect");
+        m.target_evictions.inc();
+        let text = m.encode();
+        assert!(
+            text.contains(r#"kinference_proxy_connections_total{served="inference_target"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kinference_proxy_connections_total{served="forwarded"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kinference_proxy_forward_errors_total{reason="connect"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("kinference_proxy_target_evictions_total 1"),
+            "{text}"
         );
     }
 }

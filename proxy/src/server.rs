@@ -10,7 +10,8 @@
 //! connection iptables redirected here keeps its original destination, and is served by that
 //! destination's stack when the controller has an inference policy for it, or forwarded as plain
 //! TCP when it has none; a connection to the listener itself (direct use) is served by the stack
-//! of the configured default target.
+//! of the configured default target. Each accepted connection is counted by how it was served
+//! (`kinference_proxy_connections_total`), and each failed forward by why.
 
 pub mod orig_dst;
 pub mod targets;
@@ -368,6 +369,8 @@ pub struct Outbound<S, R, O> {
     pub orig_dst: O,
     /// How long to connect to a forwarded connection's destination.
     pub connect_timeout: std::time::Duration,
+    /// Where connections are counted (the sidecar's metrics).
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl<S, R, O> std::fmt::Debug for Outbound<S, R, O> {
@@ -408,11 +411,25 @@ where
         });
         let outbound = outbound.clone();
         tokio::spawn(async move {
+            let metrics = &outbound.metrics;
             match Destination::of(local, orig) {
-                Destination::Direct => serve_http(stream, peer, outbound.direct.clone()).await,
+                Destination::Direct => {
+                    metrics.connection("direct");
+                    serve_http(stream, peer, outbound.direct.clone()).await;
+                }
                 Destination::Redirected(dst) => match outbound.targets.route(dst).await {
-                    Route::Inference(svc) => serve_http(stream, peer, svc).await,
-                    Route::Forward => forward(stream, dst, outbound.connect_timeout).await,
+                    Route::Inference(svc, lease) => {
+                        metrics.connection("inference_target");
+                        serve_http(stream, peer, svc).await;
+                        // The target's stack may be evicted once no connection holds it.
+                        drop(lease);
+                    }
+                    Route::Forward => {
+                        metrics.connection("forwarded");
+                        if let Err(reason) = forward(stream, dst, outbound.connect_timeout).await {
+                            metrics.forward_error(reason);
+                        }
+                    }
                 },
             }
         });
@@ -455,21 +472,28 @@ where
     }
 }
 
-/// Copies bytes both ways between the app's connection and its original destination.
-async fn forward(mut inbound: TcpStream, dst: std::net::SocketAddr, timeout: std::time::Duration) {
+/// Copies bytes both ways between the app's connection and its original destination; on
+/// failure, the reason as `forward_errors_total` labels it (`connect`, `connect_timeout`, `io`).
+async fn forward(
+    mut inbound: TcpStream,
+    dst: std::net::SocketAddr,
+    timeout: std::time::Duration,
+) -> Result<(), &'static str> {
     let mut outbound = match tokio::time::timeout(timeout, TcpStream::connect(dst)).await {
         Ok(Ok(s)) => s,
         Ok(Err(error)) => {
             tracing::debug!(%dst, %error, "cannot connect to the original destination");
-            return;
+            return Err("connect");
         }
         Err(_) => {
             tracing::debug!(%dst, "connecting to the original destination timed out");
-            return;
+            return Err("connect_timeout");
         }
     };
     let _ = outbound.set_nodelay(true);
     if let Err(error) = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await {
         tracing::debug!(%dst, %error, "forwarded connection ended with an error");
+        return Err("io");
     }
+    Ok(())
 }

@@ -118,6 +118,13 @@ struct Tasks {
     kv_events: Option<JoinHandle<()>>,
 }
 
+/// Dropped with the scrapers' task (a stopped target's), the endpoint's tasks stop too.
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
 impl Tasks {
     fn abort(&self) {
         self.scrape.abort();
