@@ -195,6 +195,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding admin to {}", config.admin_addr))?;
     let listen_addr = listener.local_addr()?;
+    let listener6 = ipv6_loopback_listener(listen_addr).await;
     let admin_addr = admin_listener.local_addr()?;
     // A line scripts and tests read to find the ports.
     println!("kinference-proxy listen={listen_addr} admin={admin_addr}");
@@ -256,10 +257,37 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tokio::spawn(admin::serve(admin_listener, shared.clone(), view));
     tokio::spawn(evict_idle_targets(outbound.clone()));
     tokio::select! {
-        _ = server::serve_outbound(listener, outbound) => {}
+        _ = server::serve_outbound(listener, outbound.clone()) => {}
+        _ = async move {
+            match listener6 {
+                Some(l) => server::serve_outbound(l, outbound).await,
+                None => std::future::pending().await,
+            }
+        } => {}
         _ = shutdown() => tracing::info!("shutting down"),
     }
     Ok(())
+}
+
+/// proxy-init's IPv6 rules redirect the app's IPv6 connections to the outbound port on `::1`
+/// (where `REDIRECT` sends locally made packets), so a proxy listening on IPv4 loopback listens
+/// there too, on the same port. A pod without IPv6 cannot bind it and has no IPv6 traffic to
+/// capture: that is logged, not fatal.
+async fn ipv6_loopback_listener(listen_addr: std::net::SocketAddr) -> Option<TcpListener> {
+    if listen_addr.ip() != std::net::Ipv4Addr::LOCALHOST {
+        return None;
+    }
+    let addr = std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, listen_addr.port()));
+    match TcpListener::bind(addr).await {
+        Ok(l) => {
+            tracing::info!(%addr, "also listening on IPv6 loopback for redirected IPv6 connections");
+            Some(l)
+        }
+        Err(error) => {
+            tracing::info!(%addr, %error, "no IPv6 loopback listener; IPv6 connections are not captured");
+            None
+        }
+    }
 }
 
 type Outbound = server::Outbound<Target, ControllerResolve, SoOriginalDst>;

@@ -9,8 +9,14 @@
 //! namespace: `kinference-proxy-init` (run twice: it must be idempotent), the proxy as UID 2102
 //! (the UID the rules exempt), and the app, a thread of this test that enters the namespace and
 //! calls `http://10.96.0.10:8000/v1/chat/completions` as root. The answer must come from the fleet
-//! and the proxy's `/debug/decisions` must hold the request's id; the call to the plain server
-//! must pass through the proxy untouched; a call to the proxy's own port is direct use.
+//! and the proxy's `/debug/decisions` must hold the request's id and name the target; the call to
+//! the plain server must pass through the proxy untouched, and one to a closed port is counted as
+//! a forward error; a call to the proxy's own port is direct use. Where the namespace has IPv6,
+//! the veth gets IPv6 addresses too, the Service an IPv6 cluster IP, and the app's call to it goes
+//! through proxy-init's ip6tables rules and the proxy's IPv6 original-destination path. With a
+//! short `--target-idle-timeout-ms`, `/debug/targets` lists the redirected targets while a
+//! connection holds them, and they are evicted once idle (`target_evictions_total`); a call after
+//! that is served by a new stack.
 //!
 //! Needs root, `ip` (iproute2), `iptables` and `setpriv` (util-linux). It skips, saying so, only
 //! where a network namespace cannot be created. Everything it creates (namespace, veth pair and,
@@ -26,7 +32,7 @@ use std::{
     collections::BTreeMap,
     fs::File,
     io::{BufRead, BufReader, Read, Write},
-    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream},
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -36,6 +42,10 @@ use std::{
 
 const PROXY: &str = env!("CARGO_BIN_EXE_kinference-proxy");
 const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+/// The Service's IPv6 cluster IP (dual-stack), used where the namespace has IPv6.
+const CLUSTER_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x10);
+/// Short, so the test sees redirected targets evicted; connections held open keep them.
+const TARGET_IDLE_TIMEOUT_MS: u64 = 3000;
 const SERVICE_PORT: u16 = 8000;
 const PROXY_UID: u32 = 2102;
 const PROXY_PORT: u16 = 4140;
@@ -71,6 +81,8 @@ struct Net {
     host_if: String,
     root_ip: Ipv4Addr,
     app_ip: Ipv4Addr,
+    /// The veth's IPv6 address in the root namespace, where IPv6 works here.
+    root_ip6: Option<Ipv6Addr>,
 }
 
 impl Drop for Net {
@@ -100,11 +112,12 @@ fn create_net() -> Option<Net> {
     // A /30 per process id, so concurrent runs use different addresses.
     let base = (pid % 16_000) * 4;
     let octets = |last: u32| Ipv4Addr::new(10, 213, (base / 256) as u8, (base % 256 + last) as u8);
-    let net = Net {
+    let mut net = Net {
         host_if: format!("kch{pid}"),
         ns,
         root_ip: octets(1),
         app_ip: octets(2),
+        root_ip6: None,
     };
     let app_if = format!("kca{pid}");
     let (ns, host_if) = (net.ns.as_str(), net.host_if.as_str());
@@ -141,6 +154,58 @@ fn create_net() -> Option<Net> {
         "via",
         &net.root_ip.to_string(),
     ]);
+    // IPv6, a /64 per process id, where this kernel and namespace have it (`nodad`: usable now).
+    let prefix =
+        |last: u16| Ipv6Addr::new(0xfd6b, (pid >> 16) as u16, pid as u16, 0, 0, 0, 0, last);
+    let (root6, app6) = (prefix(1), prefix(2));
+    let v6 = run(
+        "ip",
+        &[
+            "addr",
+            "add",
+            &format!("{root6}/64"),
+            "dev",
+            host_if,
+            "nodad",
+        ],
+        &[],
+    )
+    .and_then(|_| {
+        run(
+            "ip",
+            &[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{app6}/64"),
+                "dev",
+                &app_if,
+                "nodad",
+            ],
+            &[],
+        )
+    })
+    .and_then(|_| {
+        run(
+            "ip",
+            &[
+                "-n",
+                ns,
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &root6.to_string(),
+            ],
+            &[],
+        )
+    });
+    match v6 {
+        Ok(_) => net.root_ip6 = Some(root6),
+        Err(e) => eprintln!("SKIPPED (IPv6 part): no IPv6 on the veth here: {e}"),
+    }
     Some(net)
 }
 
@@ -177,8 +242,14 @@ fn runnable_by_others(path: &Path, scratch: &Path) -> PathBuf {
     copy
 }
 
-/// `examples/` for this network: the Service gets the cluster IP, the slices the veth address.
-fn write_manifests(dir: &Path, ports: &BTreeMap<String, Vec<u16>>, endpoint_ip: Ipv4Addr) {
+/// `examples/` for this network: the Service gets the cluster IP (and the IPv6 one, dual-stack,
+/// when `ipv6`), the slices the veth address.
+fn write_manifests(
+    dir: &Path,
+    ports: &BTreeMap<String, Vec<u16>>,
+    endpoint_ip: Ipv4Addr,
+    ipv6: bool,
+) {
     local::write_manifests(
         &local::workspace_root().join("examples"),
         dir,
@@ -195,6 +266,10 @@ fn write_manifests(dir: &Path, ports: &BTreeMap<String, Vec<u16>>, endpoint_ip: 
             match doc.get("kind").and_then(|k| k.as_str()) {
                 Some("Service") => {
                     doc["spec"]["clusterIP"] = CLUSTER_IP.to_string().into();
+                    if ipv6 {
+                        doc["spec"]["clusterIPs"] =
+                            vec![CLUSTER_IP.to_string(), CLUSTER_IP6.to_string()].into();
+                    }
                 }
                 Some("EndpointSlice") => {
                     if let Some(eps) = doc["endpoints"].as_sequence_mut() {
@@ -392,7 +467,8 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
     }
     let manifests = scratch.path().join("manifests");
     std::fs::create_dir(&manifests).unwrap();
-    write_manifests(&manifests, &ports, net.root_ip);
+    let ipv6 = net.root_ip6.is_some();
+    write_manifests(&manifests, &ports, net.root_ip, ipv6);
     let controller =
         local::spawn_controller(&manifests, SocketAddr::from((net.root_ip, 0)), true).unwrap();
     let plain = plain_server(net.root_ip);
@@ -428,6 +504,25 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
         "the chain was replaced, not appended to:\n{saved}"
     );
     assert!(first.contains("--uid-owner 2102 -j RETURN"), "{first}");
+    if ipv6 {
+        let saved6 = run(
+            "ip",
+            &["netns", "exec", &ns, "ip6tables-save", "-t", "nat"],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            saved6.matches("-j KINFERENCE_OUTPUT").count(),
+            1,
+            "one IPv6 jump after two runs:\n{saved6}"
+        );
+        assert!(saved6.contains("-d ::1/128 -j RETURN"), "{saved6}");
+        assert_eq!(
+            saved6.matches("-j REDIRECT --to-ports 4140").count(),
+            1,
+            "{saved6}"
+        );
+    }
 
     // The proxy in the app namespace, as the UID the rules exempt. Its default target (direct
     // use) is the Service's authority; captured connections are looked up by address.
@@ -444,6 +539,10 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
         .args(["--controller-addr", &format!("http://{}", controller.grpc)])
         .args(["--target", "llm.default.svc.cluster.local:8000"])
         .args(["--workload", "default/app", "--log-format", "json"])
+        .args([
+            "--target-idle-timeout-ms",
+            &TARGET_IDLE_TIMEOUT_MS.to_string(),
+        ])
         .env("RUST_LOG", "info")
         .stderr(File::create(&log_path).unwrap());
     let (_proxy, _) = spawn_until(cmd, "kinference-proxy ");
@@ -497,6 +596,8 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
         .unwrap();
     let record = &records[0];
     assert_eq!(record["request_id"], id.as_str(), "{records}");
+    let service = format!("{CLUSTER_IP}:{SERVICE_PORT}");
+    assert_eq!(record["target"], service.as_str(), "{record}");
     let sent_to = record["attempts"][0].as_str().unwrap_or_default();
     assert!(
         sims.iter().any(|s| s.addr.to_string() == sent_to),
@@ -526,6 +627,70 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
         "the plain call did not go through the proxy: {forwarded:?}"
     );
 
+    // A destination nobody listens on: forwarded, refused, counted as a forward error; the app
+    // sees its connection closed.
+    let closed = {
+        let l = TcpListener::bind((net.root_ip, 0)).unwrap();
+        l.local_addr().unwrap()
+    };
+    let got = {
+        let ns = ns.clone();
+        tokio::task::spawn_blocking(move || {
+            in_netns(&ns, move || {
+                let mut s = TcpStream::connect(closed).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                let mut got = Vec::new();
+                let _ = s.read_to_end(&mut got);
+                got
+            })
+        })
+        .await
+        .unwrap()
+    };
+    assert!(got.is_empty(), "{got:?}");
+
+    // A connection held open to the Service holds its target: `/debug/targets` shows it with
+    // its policy, endpoints and one connection, however long the test takes.
+    let (release, released) = mpsc::channel::<()>();
+    let (opened, is_open) = mpsc::channel::<()>();
+    let held = {
+        let ns = ns.clone();
+        std::thread::spawn(move || {
+            in_netns(&ns, move || {
+                let s = TcpStream::connect(SocketAddr::from((CLUSTER_IP, SERVICE_PORT))).unwrap();
+                opened.send(()).unwrap();
+                let _ = released.recv();
+                drop(s);
+            })
+        })
+    };
+    is_open.recv_timeout(Duration::from_secs(60)).unwrap();
+    let targets = poll_targets(&client, &admin, |t| {
+        redirected(t, &service).is_some_and(|r| r["connections"] == 1)
+    })
+    .await;
+    let entry = redirected(&targets, &service).unwrap();
+    assert_eq!(entry["ready"], true, "{targets}");
+    assert!(entry["policy"]["revision"].is_string(), "{targets}");
+    assert!(entry["idle_s"].is_null(), "{targets}");
+    let endpoints: Vec<&str> = entry["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for s in &sims {
+        assert!(
+            endpoints.contains(&s.addr.to_string().as_str()),
+            "{targets}"
+        );
+    }
+    assert_eq!(
+        targets["default"]["target"], "llm.default.svc.cluster.local:8000",
+        "{targets}"
+    );
+    assert_eq!(targets["default"]["ready"], true, "{targets}");
+
     // Direct use: the proxy's own port is not redirected and serves the default target.
     let direct_id = format!("direct-{}", std::process::id());
     let rsp = {
@@ -554,6 +719,156 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
         .await
         .unwrap();
     assert_eq!(records[0]["request_id"], direct_id.as_str(), "{records}");
+    assert_eq!(
+        records[0]["target"], "llm.default.svc.cluster.local:8000",
+        "{records}"
+    );
+
+    // IPv6: the app calls the Service's IPv6 cluster IP; ip6tables sends it to the proxy on
+    // ::1, which reads the IPv6 original destination and looks its policy up by it.
+    let service6 = SocketAddr::from((CLUSTER_IP6, SERVICE_PORT));
+    if ipv6 {
+        let id6 = format!("capture6-{}", std::process::id());
+        let rsp = {
+            let (ns, id) = (ns.clone(), id6.clone());
+            tokio::task::spawn_blocking(move || {
+                in_netns(&ns, move || {
+                    http(
+                        service6,
+                        "POST",
+                        "/v1/chat/completions",
+                        &[("content-type", "application/json"), ("x-request-id", &id)],
+                        &chat_body(),
+                    )
+                })
+            })
+            .await
+            .unwrap()
+        };
+        assert_eq!(rsp.status, 200, "{rsp:?}");
+        let records: Value = client
+            .get(format!("{admin}/debug/decisions?request_id={id6}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(records[0]["request_id"], id6.as_str(), "{records}");
+        assert_eq!(
+            records[0]["target"],
+            service6.to_string().as_str(),
+            "{records}"
+        );
+    }
+
+    // Released, every redirected target goes idle and is evicted; its stack stops.
+    release.send(()).unwrap();
+    held.join().unwrap();
+    let targets = poll_targets(&client, &admin, |t| {
+        t["redirected"].as_array().is_some_and(Vec::is_empty)
+    })
+    .await;
+    assert_eq!(targets["default"]["ready"], true, "{targets}");
+    let metrics = client
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let sample = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+    };
+    let redirected_targets = if ipv6 { 2.0 } else { 1.0 };
+    // Counted exactly: nothing else connects to the outbound listener.
+    assert_eq!(
+        sample(r#"kinference_proxy_connections_total{served="direct"}"#),
+        1.0
+    );
+    assert_eq!(
+        sample(r#"kinference_proxy_connections_total{served="inference_target"}"#),
+        1.0 + 1.0 + (redirected_targets - 1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(r#"kinference_proxy_connections_total{served="forwarded"}"#),
+        2.0
+    );
+    assert_eq!(
+        sample(r#"kinference_proxy_forward_errors_total{reason="connect"}"#),
+        1.0
+    );
+    // At least one per target (one more if a target went idle between two calls).
+    assert!(
+        sample("kinference_proxy_target_evictions_total") >= redirected_targets,
+        "{metrics}"
+    );
+
+    // The next call makes the Service's stack again and is served by it.
+    let again = format!("again-{}", std::process::id());
+    let rsp = {
+        let (ns, id) = (ns.clone(), again.clone());
+        tokio::task::spawn_blocking(move || {
+            in_netns(&ns, move || {
+                http(
+                    SocketAddr::from((CLUSTER_IP, SERVICE_PORT)),
+                    "POST",
+                    "/v1/chat/completions",
+                    &[("content-type", "application/json"), ("x-request-id", &id)],
+                    &chat_body(),
+                )
+            })
+        })
+        .await
+        .unwrap()
+    };
+    assert_eq!(rsp.status, 200, "{rsp:?}");
+    let made = log_lines(&log_path, "is an inference target")
+        .iter()
+        .filter(|l| l["fields"]["dst"] == service.as_str())
+        .count();
+    assert!(made >= 2, "the stack was not made again after eviction");
     drop(controller);
     drop(sims);
+}
+
+/// The redirected target `dst` in a `/debug/targets` answer.
+fn redirected<'a>(targets: &'a Value, dst: &str) -> Option<&'a Value> {
+    targets["redirected"]
+        .as_array()?
+        .iter()
+        .find(|t| t["target"] == dst)
+}
+
+/// `/debug/targets`, asked until `done` holds (a bounded wait: connections are accepted and
+/// stacks evicted by the proxy's own tasks).
+async fn poll_targets(
+    client: &reqwest::Client,
+    admin: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let t: Value = client
+            .get(format!("{admin}/debug/targets"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if done(&t) {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/debug/targets never got there: {t}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
