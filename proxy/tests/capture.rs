@@ -557,6 +557,10 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
         assert!(Instant::now() < deadline, "the proxy never became ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The controller's open watch streams with only the default target's stack.
+    let controller_admin = format!("http://{}", controller.admin);
+    let baseline = streams_open(&client, &controller_admin).await;
+    assert!(baseline > 0, "the default target watches nothing");
 
     // The app calls the Service's published address: redirected, routed, answered by the fleet.
     let id = format!("capture-{}", std::process::id());
@@ -690,6 +694,8 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
         "{targets}"
     );
     assert_eq!(targets["default"]["ready"], true, "{targets}");
+    // The redirected target's stack has discovery streams of its own.
+    assert!(streams_open(&client, &controller_admin).await > baseline);
 
     // Direct use: the proxy's own port is not redirected and serves the default target.
     let direct_id = format!("direct-{}", std::process::id());
@@ -770,6 +776,19 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
     })
     .await;
     assert_eq!(targets["default"]["ready"], true, "{targets}");
+    // Their discovery streams closed: the controller is back to the default target's.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let open = streams_open(&client, &controller_admin).await;
+        if open == baseline {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{open} streams open at the controller after eviction, {baseline} before any redirected target"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let metrics = client
         .get(format!("{admin}/metrics"))
         .send()
@@ -835,6 +854,27 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
     assert!(made >= 2, "the stack was not made again after eviction");
     drop(controller);
     drop(sims);
+}
+
+/// The watch streams open at the controller, every API together.
+async fn streams_open(client: &reqwest::Client, controller_admin: &str) -> i64 {
+    let text = client
+        .get(format!("{controller_admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("kinference_policy_grpc_streams_open{"))
+        .collect();
+    assert!(!lines.is_empty(), "no open-stream gauge in\n{text}");
+    lines
+        .iter()
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+        .sum()
 }
 
 /// The redirected target `dst` in a `/debug/targets` answer.
