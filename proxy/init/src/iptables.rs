@@ -6,9 +6,10 @@
 //! ones. Nodes differ in which backend their kernel and kube-proxy use, hence [`Mode`].
 //!
 //! Both families are written: the IPv4 table always, the IPv6 one as [`Ipv6`] says. By default
-//! (`auto`) a pod whose kernel has no IPv6 nat table (`ip6tables-save` fails) gets IPv4 rules
-//! only, with a warning, since it cannot have IPv6 traffic to capture either; `on` makes that a
-//! failure, `off` never touches the IPv6 table.
+//! (`auto`) a pod whose kernel has no usable IPv6 nat table (`ip6tables-save` or
+//! `ip6tables-restore` fails) gets IPv4 rules only, with a warning, rather than failing to start:
+//! such a pod cannot have IPv6 traffic to capture either; `on` makes that a failure, `off` never
+//! touches the IPv6 table.
 
 use crate::rules::{Family, Rules};
 use std::{
@@ -54,7 +55,7 @@ impl Mode {
 /// Whether the IPv6 nat table gets the rules too.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Ipv6 {
-    /// When the IPv6 nat table can be read; IPv4 only, with a warning, when it cannot.
+    /// When the IPv6 nat table can be read and written; IPv4 only, with a warning, when not.
     #[default]
     Auto,
     /// Always; failing to read or write the IPv6 table is an error.
@@ -102,7 +103,7 @@ pub struct Applied {
 pub enum Skipped {
     /// `--ipv6 off`.
     Off,
-    /// `--ipv6 auto` and the IPv6 nat table could not be read.
+    /// `--ipv6 auto` and the IPv6 nat table could not be read or written.
     Unavailable(Error),
 }
 
@@ -120,11 +121,8 @@ pub fn apply(ipt: &mut dyn Iptables, rules: &Rules, ipv6: Ipv6) -> Result<Applie
     let v6 = match ipv6 {
         Ipv6::Off => Err(Skipped::Off),
         Ipv6::On => Ok(apply_family(ipt, Family::V6, rules)?),
-        Ipv6::Auto => match ipt.save_nat(Family::V6) {
-            // Readable: a failure to write it is a real failure.
-            Ok(_) => Ok(apply_family(ipt, Family::V6, rules)?),
-            Err(e) => Err(Skipped::Unavailable(e)),
-        },
+        // `ip6tables-restore` is atomic: a failure leaves the IPv6 table as it was.
+        Ipv6::Auto => apply_family(ipt, Family::V6, rules).map_err(Skipped::Unavailable),
     };
     Ok(Applied { v4, v6 })
 }
@@ -186,6 +184,7 @@ mod tests {
         rules6: Vec<String>,
         restores: usize,
         no_ipv6: bool,
+        no_ipv6_restore: bool,
     }
 
     impl Table {
@@ -210,6 +209,13 @@ mod tests {
 
         fn restore_noflush(&mut self, family: Family, script: &str) -> Result<(), Error> {
             self.restores += 1;
+            if family == Family::V6 && self.no_ipv6_restore {
+                return Err(Error::Failed {
+                    program: "ip6tables-restore".into(),
+                    status: "exit status: 1".into(),
+                    stderr: "line 2 failed".into(),
+                });
+            }
             let rules = self.table(family)?;
             for line in script.lines() {
                 if let Some(chain) = line.strip_prefix(':') {
@@ -269,6 +275,15 @@ mod tests {
         assert!(!table.rules.is_empty());
         let e = apply(&mut table, &rules(), Ipv6::On).unwrap_err();
         assert!(e.to_string().contains("ip6tables-save"), "{e}");
+        // Readable but not writable (no IPv6 NAT in the kernel): auto still starts the pod.
+        let mut table = Table {
+            no_ipv6_restore: true,
+            ..Table::default()
+        };
+        let applied = apply(&mut table, &rules(), Ipv6::Auto).unwrap();
+        assert!(matches!(applied.v6, Err(Skipped::Unavailable(_))));
+        assert!(table.rules6.is_empty() && !table.rules.is_empty());
+        assert!(apply(&mut table, &rules(), Ipv6::On).is_err());
         let mut table = Table::default();
         let applied = apply(&mut table, &rules(), Ipv6::Off).unwrap();
         assert!(matches!(applied.v6, Err(Skipped::Off)));

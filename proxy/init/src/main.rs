@@ -28,7 +28,7 @@ struct Args {
     /// The iptables programs to run.
     #[arg(long, env = "KINFERENCE_IPTABLES", value_enum, default_value_t)]
     iptables: Mode,
-    /// Whether the IPv6 nat table gets the rules too (`auto`: when it can be read).
+    /// Whether the IPv6 nat table gets the rules too (`auto`: when it can be read and written).
     #[arg(long, env = "KINFERENCE_IPV6", value_enum, default_value_t)]
     ipv6: Ipv6,
     /// Print the scripts for a fresh namespace (IPv4, then IPv6 unless `--ipv6 off`) and change
@@ -62,7 +62,7 @@ fn main() -> anyhow::Result<()> {
         Ok(script) => print!("{script}"),
         Err(Skipped::Off) => {}
         Err(Skipped::Unavailable(e)) => {
-            eprintln!("kinference-proxy-init: IPv6 not redirected: no IPv6 nat table ({e})");
+            eprintln!("kinference-proxy-init: IPv6 not redirected: no usable IPv6 nat table ({e})");
         }
     }
     eprintln!(
