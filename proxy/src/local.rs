@@ -1,11 +1,15 @@
 //! The local stack: the controller on `examples/`' manifests, simulated vLLM replicas and the proxy,
 //! as child processes on loopback.
 //!
-//! `kinference-local` runs it for developers, and the end-to-end tests start the same stack. The
-//! simulators listen on free ports; the manifests are copied to a temporary directory with the
-//! EndpointSlices and InferencePools rewritten to those ports. The controller and simulator
-//! binaries are found in the Cargo target directory (`$CARGO_TARGET_DIR`, else the workspace's
-//! `target/`), and built with `cargo build` first if they are missing.
+//! `kinference-local` runs it for developers, and the end-to-end tests start the same stack, so
+//! what the tests prove is what a developer runs. The simulators listen on free ports; the
+//! manifests are copied to a temporary directory with the EndpointSlices and InferencePools
+//! rewritten to those ports. By default each replica also publishes vLLM KV events on its serving
+//! port + 1 and the pools carry the annotations that make the proxy subscribe, so the proxy routes
+//! on its precise prefix index, as it would against a real fleet with KV events on. The
+//! controller and simulator binaries are found in the Cargo target directory
+//! (`$CARGO_TARGET_DIR`, else the workspace's `target/`), and built with `cargo build` first if
+//! they are missing.
 
 use anyhow::{Context as _, bail};
 use serde_yaml::Value;
@@ -134,6 +138,8 @@ pub fn addr_field(line: &str, key: &str) -> anyhow::Result<SocketAddr> {
 pub struct Sim {
     pub model: String,
     pub addr: SocketAddr,
+    /// The port it publishes KV events on, when it does.
+    pub kv_events_port: Option<u16>,
     pub proc: Proc,
 }
 
@@ -144,11 +150,69 @@ pub fn spawn_sim(
     extra: &[String],
     quiet: bool,
 ) -> anyhow::Result<Sim> {
+    spawn_sim_on(profile, 0, false, time_scale, extra, quiet)
+}
+
+/// The offset of a replica's KV-event port from its serving port (the pools' annotation `+1`).
+pub const KV_EVENTS_PORT_OFFSET: u16 = 1;
+
+/// The tokenizer contract of the simulated fleet, for the pools' annotation.
+pub const KV_EVENTS_TOKENIZER: &str = "kinference-sim";
+
+/// Starts a simulated replica of `profile` that publishes vLLM KV events on its serving port +
+/// [`KV_EVENTS_PORT_OFFSET`]. The pair of ports is probed free, then bound by the simulator; a
+/// port taken in between makes the simulator exit, and another pair is tried.
+pub fn spawn_sim_with_kv_events(
+    profile: &str,
+    time_scale: f64,
+    extra: &[String],
+    quiet: bool,
+) -> anyhow::Result<Sim> {
+    let mut last = None;
+    for _ in 0..5 {
+        let port = free_port_pair()?;
+        match spawn_sim_on(profile, port, true, time_scale, extra, quiet) {
+            Ok(sim) => return Ok(sim),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no free port pair")))
+}
+
+/// A free loopback port `p` whose `p + KV_EVENTS_PORT_OFFSET` is free too.
+fn free_port_pair() -> anyhow::Result<u16> {
+    for _ in 0..100 {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").context("binding a probe port")?;
+        let p = a.local_addr()?.port();
+        if let Some(q) = p.checked_add(KV_EVENTS_PORT_OFFSET)
+            && std::net::TcpListener::bind(("0.0.0.0", q)).is_ok()
+        {
+            return Ok(p);
+        }
+    }
+    bail!("no pair of free ports")
+}
+
+/// Starts a replica on `port` (0: any), publishing KV events on `port` + the offset if asked.
+fn spawn_sim_on(
+    profile: &str,
+    port: u16,
+    kv_events: bool,
+    time_scale: f64,
+    extra: &[String],
+    quiet: bool,
+) -> anyhow::Result<Sim> {
     let bin = workspace_binary("kinference-vllm-sim", "vllm-sim")?;
     let mut cmd = Command::new(bin);
-    cmd.args(["serve", "--profile", profile, "--port", "0", "--time-scale"])
-        .arg(time_scale.to_string())
-        .args(extra);
+    cmd.args(["serve", "--profile", profile, "--port"])
+        .arg(port.to_string())
+        .arg("--time-scale")
+        .arg(time_scale.to_string());
+    let kv_events_port = kv_events.then(|| port + KV_EVENTS_PORT_OFFSET);
+    if let Some(kv) = kv_events_port {
+        cmd.arg("--kv-events-endpoint").arg(format!("tcp://*:{kv}"));
+    }
+    cmd.args(extra);
     let (proc, line) = Proc::spawn(
         profile,
         cmd,
@@ -156,7 +220,7 @@ pub fn spawn_sim(
         Duration::from_secs(60),
         quiet,
     )?;
-    let addr = line
+    let addr: SocketAddr = line
         .strip_prefix("listening on http://")
         .and_then(|r| r.split_whitespace().next())
         .with_context(|| format!("unexpected line {line:?}"))?
@@ -165,6 +229,7 @@ pub fn spawn_sim(
     Ok(Sim {
         model: profile.to_string(),
         addr,
+        kv_events_port,
         proc,
     })
 }
@@ -188,13 +253,35 @@ fn write_docs(path: &Path, docs: &[Value]) -> anyhow::Result<()> {
 }
 
 /// Copies the manifests of `src` into `dst`, with one EndpointSlice per simulator port and each
-/// InferencePool's `targetPorts` set to its model's ports. `patch_policy` may edit the
-/// InferencePolicy document.
+/// InferencePool's `targetPorts` set to its model's ports. `patch` is called with every
+/// InferencePolicy and InferenceClassifier document (the kinference resources a test may change)
+/// and tells them apart by `kind`.
 pub fn write_manifests(
     src: &Path,
     dst: &Path,
     ports: &BTreeMap<String, Vec<u16>>,
-    patch_policy: &dyn Fn(&mut Value),
+    patch: &dyn Fn(&mut Value),
+) -> anyhow::Result<()> {
+    rewrite_manifests(src, dst, ports, false, patch)
+}
+
+/// As [`write_manifests`], with every InferencePool of a model in `ports` annotated to use its
+/// replicas' KV events (port + [`KV_EVENTS_PORT_OFFSET`], the [`KV_EVENTS_TOKENIZER`] contract).
+pub fn write_manifests_with_kv_events(
+    src: &Path,
+    dst: &Path,
+    ports: &BTreeMap<String, Vec<u16>>,
+    patch: &dyn Fn(&mut Value),
+) -> anyhow::Result<()> {
+    rewrite_manifests(src, dst, ports, true, patch)
+}
+
+fn rewrite_manifests(
+    src: &Path,
+    dst: &Path,
+    ports: &BTreeMap<String, Vec<u16>>,
+    kv_events: bool,
+    patch: &dyn Fn(&mut Value),
 ) -> anyhow::Result<()> {
     for entry in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
         let path = entry?.path();
@@ -242,6 +329,9 @@ pub fn write_manifests(
                         .as_str()
                         .map(str::to_string);
                     if let Some(ps) = model.and_then(|m| ports.get(&m)) {
+                        if kv_events {
+                            annotate_kv_events(&mut doc);
+                        }
                         doc["spec"]["targetPorts"] = Value::Sequence(
                             ps.iter()
                                 .map(|p| {
@@ -254,8 +344,8 @@ pub fn write_manifests(
                     }
                     out.push(doc);
                 }
-                Some("InferencePolicy") => {
-                    patch_policy(&mut doc);
+                Some("InferencePolicy" | "InferenceClassifier") => {
+                    patch(&mut doc);
                     out.push(doc);
                 }
                 _ => out.push(doc),
@@ -264,6 +354,16 @@ pub fn write_manifests(
         write_docs(&dst.join(name), &out)?;
     }
     Ok(())
+}
+
+/// Adds the KV-event annotations (docs/proxy.md, "KV events") to an InferencePool document.
+fn annotate_kv_events(pool: &mut Value) {
+    if !pool["metadata"]["annotations"].is_mapping() {
+        pool["metadata"]["annotations"] = Value::Mapping(serde_yaml::Mapping::new());
+    }
+    let a = &mut pool["metadata"]["annotations"];
+    a["kinference.io/kv-events-port"] = Value::from(format!("+{KV_EVENTS_PORT_OFFSET}"));
+    a["kinference.io/kv-events-tokenizer"] = Value::from(KV_EVENTS_TOKENIZER);
 }
 
 /// The controller process.
@@ -356,6 +456,8 @@ pub struct StackOptions {
     pub time_scale: f64,
     pub sim_args: Vec<String>,
     pub proxy_args: Vec<String>,
+    /// Replicas publish KV events and the pools are annotated for them (the default).
+    pub kv_events: bool,
     /// Children's logs are discarded when set.
     pub quiet: bool,
 }
@@ -367,6 +469,7 @@ impl Default for StackOptions {
             time_scale: 1.0,
             sim_args: vec![],
             proxy_args: vec![],
+            kv_events: true,
             quiet: true,
         }
     }
@@ -382,21 +485,22 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// Starts simulators, the controller on rewritten copies of `examples/`, and the proxy.
+    /// Starts simulators, the controller on rewritten copies of `examples/` (`patch` as in
+    /// [`write_manifests`]), and the proxy.
     pub fn start(
         proxy_bin: &Path,
         opts: &StackOptions,
-        patch_policy: &dyn Fn(&mut Value),
+        patch: &dyn Fn(&mut Value),
     ) -> anyhow::Result<Self> {
+        let spawn = if opts.kv_events {
+            spawn_sim_with_kv_events
+        } else {
+            spawn_sim
+        };
         let mut sims = Vec::new();
         for (profile, n) in &opts.replicas {
             for _ in 0..*n {
-                sims.push(spawn_sim(
-                    profile,
-                    opts.time_scale,
-                    &opts.sim_args,
-                    opts.quiet,
-                )?);
+                sims.push(spawn(profile, opts.time_scale, &opts.sim_args, opts.quiet)?);
             }
         }
         let mut ports: BTreeMap<String, Vec<u16>> = BTreeMap::new();
@@ -407,11 +511,12 @@ impl Stack {
                 .push(s.addr.port());
         }
         let manifests = tempfile::tempdir().context("creating the manifest directory")?;
-        write_manifests(
+        rewrite_manifests(
             &workspace_root().join("examples"),
             manifests.path(),
             &ports,
-            patch_policy,
+            opts.kv_events,
+            patch,
         )?;
         let controller = spawn_controller(
             manifests.path(),
@@ -434,5 +539,82 @@ impl Stack {
         std::thread::sleep(down_for);
         self.controller = spawn_controller(self.manifests.path(), grpc, true)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    fn pools(dir: &Path) -> Vec<Value> {
+        docs(&dir.join("inferencepools.yaml")).unwrap()
+    }
+
+    #[test]
+    fn the_patch_sees_the_policy_and_the_classifier_and_nothing_else() {
+        let ports = BTreeMap::from([("glm-5.3".to_string(), vec![9001, 9002])]);
+        let dst = tempfile::tempdir().unwrap();
+        let kinds = Mutex::new(Vec::new());
+        write_manifests(
+            &workspace_root().join("examples"),
+            dst.path(),
+            &ports,
+            &|doc: &mut Value| {
+                let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+                doc["metadata"]["labels"]["patched"] = Value::from(kind.clone());
+                kinds.lock().unwrap().push(kind);
+            },
+        )
+        .unwrap();
+        let mut kinds = kinds.into_inner().unwrap();
+        kinds.sort();
+        kinds.dedup();
+        assert_eq!(kinds, vec!["InferenceClassifier", "InferencePolicy"]);
+        let classifier = docs(&dst.path().join("classifier.yaml")).unwrap();
+        assert_eq!(
+            classifier[0]["metadata"]["labels"]["patched"],
+            "InferenceClassifier"
+        );
+        // No KV events unless asked for.
+        assert!(
+            pools(dst.path())
+                .iter()
+                .all(|p| p["metadata"]["annotations"].is_null())
+        );
+    }
+
+    #[test]
+    fn kv_events_annotate_the_pools_of_the_started_models() {
+        let ports = BTreeMap::from([("glm-5.3".to_string(), vec![9001, 9002])]);
+        let dst = tempfile::tempdir().unwrap();
+        write_manifests_with_kv_events(
+            &workspace_root().join("examples"),
+            dst.path(),
+            &ports,
+            &|_| {},
+        )
+        .unwrap();
+        let pools = pools(dst.path());
+        let glm = pools
+            .iter()
+            .find(|p| p["metadata"]["name"] == "glm-5.3")
+            .unwrap();
+        let a = &glm["metadata"]["annotations"];
+        assert_eq!(a["kinference.io/kv-events-port"], "+1");
+        assert_eq!(a["kinference.io/kv-events-tokenizer"], "kinference-sim");
+        assert_eq!(glm["spec"]["targetPorts"][1]["number"], 9002);
+        let qwen = pools
+            .iter()
+            .find(|p| p["metadata"]["name"] == "qwen-3.6-27b")
+            .unwrap();
+        assert!(qwen["metadata"]["annotations"].is_null(), "{qwen:?}");
+    }
+
+    #[test]
+    fn a_port_pair_is_free_when_probed() {
+        let p = free_port_pair().unwrap();
+        std::net::TcpListener::bind(("127.0.0.1", p)).unwrap();
+        std::net::TcpListener::bind(("0.0.0.0", p + KV_EVENTS_PORT_OFFSET)).unwrap();
     }
 }

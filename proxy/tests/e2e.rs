@@ -2,11 +2,15 @@
 //! `examples/` rewritten to the simulators' ports, simulated vLLM replicas (`vllm-sim`), and the
 //! proxy binary, driven by a Rust HTTP client (and the OpenAI Python SDK in `openai_sdk.rs`).
 //!
+//! The stack is the one `kinference-local` runs: the replicas publish vLLM KV events and the pools
+//! are annotated for them, so the proxy routes on its precise prefix index.
+//!
 //! The controller and simulator binaries come from the Cargo target directory and are built with
 //! `cargo build` first when missing (see `kinference_proxy::local`). Every wait is a bounded poll
 //! for a condition, never a sleep that hopes.
 
 use kinference_proxy::local::{Stack, StackOptions};
+use kinference_proxy_signals::{PromptRef, Tokenizer};
 use serde_json::{Value, json};
 use std::{
     future::Future,
@@ -81,6 +85,7 @@ async fn start(opts: StackOptions, patch: fn(&mut serde_yaml::Value)) -> Env {
         },
     )
     .await;
+    env.wait_for_kv_events().await;
     env
 }
 
@@ -199,6 +204,53 @@ impl Env {
             .filter(|l| labels.iter().all(|s| l.contains(s)))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
+    }
+
+    async fn endpoint(&self, id: &str) -> Value {
+        self.endpoints()
+            .await
+            .into_iter()
+            .find(|e| e["endpoint"] == id)
+            .unwrap_or_else(|| panic!("no endpoint {id}"))
+    }
+
+    /// Waits until a KV-event batch from every replica has reached the proxy. A ZMQ subscriber
+    /// joins its publisher some time after connecting and misses what was published before, so
+    /// until a batch has arrived from a replica, a one-token request straight to it (bypassing
+    /// the proxy) makes it publish again.
+    async fn wait_for_kv_events(&self) {
+        for (n, sim) in self.stack.sims.iter().enumerate() {
+            let port = sim
+                .kv_events_port
+                .expect("the stack's replicas publish KV events");
+            let id = sim.addr.to_string();
+            wait_until(
+                "a KV-event batch from each replica",
+                Duration::from_secs(30),
+                || async {
+                    let e = self.endpoint(&id).await;
+                    let kv = &e["kv_events"];
+                    assert_eq!(kv["publisher"], format!("tcp://127.0.0.1:{port}"), "{e}");
+                    assert_eq!(kv["precise"], true, "{e}");
+                    if kv["batches"].as_u64().unwrap_or(0) > 0 {
+                        return Some(());
+                    }
+                    let _ = self
+                        .http
+                        .post(format!("http://{id}/v1/completions"))
+                        .json(&json!({
+                            "model": sim.model,
+                            // At least one full block: only full blocks are stored and published.
+                            "prompt": format!("warm-up {n} {}", "some words to fill a block ".repeat(8)),
+                            "max_tokens": 1,
+                        }))
+                        .send()
+                        .await;
+                    None
+                },
+            )
+            .await;
+        }
     }
 
     fn sims_of(&self, model: &str) -> Vec<String> {
@@ -324,6 +376,24 @@ fn pinned_thresholds(doc: &mut serde_yaml::Value) {
             }
         }
         _ => {}
+    }
+}
+
+/// The thresholds `pinned_thresholds` sets.
+const PINNED: (f64, f64) = (0.09, 0.2);
+
+/// The complexity level and confidence of `score` under thresholds (low, high), as the classifier
+/// computes them (`kinference_classify::complexity::level`).
+fn level(score: f64, (low, high): (f64, f64)) -> (&'static str, f64) {
+    if score < low {
+        ("low", (low - score) / low)
+    } else if score >= high {
+        ("high", (score - high) / (1.0 - high))
+    } else {
+        (
+            "medium",
+            (score - low).min(high - score) / ((high - low) / 2.0),
+        )
     }
 }
 
@@ -511,6 +581,38 @@ async fn openai_requests_stream_non_stream_and_every_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn low_complexity_goes_to_qwen_when_faster_high_complexity_never() {
     let env = start(opts(5.0), pinned_thresholds).await;
+    // The proxy classifies with the pinned thresholds: every candidate's complexity level and
+    // confidence are those its score has under them.
+    let mut levels = Vec::new();
+    for prompt in LOW_CANDIDATES.iter().chain(HIGH_CANDIDATES) {
+        let v: Value = env
+            .http
+            .post(format!("{}/debug/classify", env.admin))
+            .json(&json!({"model": "glm-5.3", "messages": [{"role": "user", "content": prompt}]}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let tag = v["explanation"]["tags"]
+            .as_array()
+            .and_then(|t| t.iter().find(|t| t["name"] == "complexity"))
+            .unwrap_or_else(|| panic!("no complexity tag: {v}"))
+            .clone();
+        let score = tag["score"].as_f64().expect("a complexity score");
+        let (value, confidence) = level(score, PINNED);
+        assert_eq!(tag["value"], value, "{tag}");
+        assert!(
+            (tag["confidence"].as_f64().unwrap() - confidence).abs() < 1e-3,
+            "confidence {confidence} expected under {PINNED:?}: {tag}"
+        );
+        levels.push(value);
+    }
+    assert!(
+        levels.contains(&"low") && levels.iter().any(|l| *l != "low"),
+        "the candidates fall on both sides of the pinned low threshold: {levels:?}"
+    );
     // Prompts the running classifier and the example policy treat as low and high complexity.
     let (low, high) = (env.low().await, env.high().await);
     for (prompt, models) in [
@@ -625,6 +727,23 @@ async fn long_prompt_returns_to_its_prefix_unless_another_is_faster_and_saturati
         .into_iter()
         .find(|s| *s != holder)
         .unwrap();
+    // The holder's KV events reach the proxy: its precise index holds the shared prefix's blocks
+    // (the pool's tokenizer contract counts them as the replica fills them).
+    let t = Tokenizer::KinferenceSim;
+    let turns = [("user", prefix.as_str())];
+    let prefix_blocks = t.block_hashes(&t.tokens(PromptRef::Chat(&turns)), 16).len() as u64;
+    assert!(prefix_blocks > 60, "{prefix_blocks}");
+    let e = wait_until(
+        "the holder's precise index holds the prefix",
+        Duration::from_secs(20),
+        || async {
+            let e = env.endpoint(&holder).await;
+            (e["kv_events"]["blocks_held"].as_u64().unwrap_or(0) >= prefix_blocks).then_some(e)
+        },
+    )
+    .await;
+    assert_eq!(e["kv_events"]["precise"], true, "{e}");
+    assert_eq!(e["kv_events"]["tokenizer"], "kinference-sim", "{e}");
     for n in 1..4 {
         let id = format!("e2e-prefix-{n}");
         let r = env.chat("qwen-3.6-27b", &ask(n), 2, true, &id).await;
@@ -632,24 +751,30 @@ async fn long_prompt_returns_to_its_prefix_unless_another_is_faster_and_saturati
         let d = env.decision(&id).await;
         let w = chosen(&d);
         assert_eq!(w["endpoint"], holder.as_str(), "{d}");
+        // The repeat's overlap comes from the holder's KV events, and covers the prefix.
+        assert_eq!(w["prediction"]["prefix_source"], "precise", "{d}");
         assert!(
-            w["prediction"]["cached_tokens"].as_u64().unwrap() > 1_000,
+            w["prediction"]["cached_tokens"].as_u64().unwrap() >= (prefix_blocks - 1) * 16,
             "{d}"
         );
         assert_eq!(r.header("x-kinference-endpoint"), holder);
     }
 
     // Saturate the prefix holder directly: its queue, scraped, makes the other endpoint faster.
-    let load = env.load_directly(&holder, "qwen-3.6-27b", 48);
+    // A queue deep enough that waiting behind it costs more than the other endpoint's prefill of
+    // the whole prompt plus the cost the routing core charges for duplicating the prefix there
+    // (about 0.1 s of wait a queued request here, against about 2 s: at 12 queued the holder
+    // still wins on a loaded machine).
+    let load = env.load_directly(&holder, "qwen-3.6-27b", 64);
     wait_until(
-        "the holder reports a queue",
+        "the holder reports a deep queue",
         Duration::from_secs(20),
         || async {
             let eps = env.endpoints().await;
             eps.iter()
                 .find(|e| e["endpoint"] == holder.as_str())
                 .and_then(|e| e["signals"]["num_requests_waiting"]["value"].as_u64())
-                .filter(|w| *w >= 10)
+                .filter(|w| *w >= 30)
         },
     )
     .await;

@@ -1,8 +1,9 @@
 //! `kinference-local`: the whole system on loopback, for trying it with any OpenAI client.
 //!
 //! Starts the policy controller on `examples/`' manifests, a simulated fleet (two glm-5.3 and two
-//! qwen-3.6-27b replicas) and the proxy, prints the base URL and where the metrics are, and serves
-//! until interrupted. `KINFERENCE_LOCAL_LOGS=1` shows the children's logs.
+//! qwen-3.6-27b replicas, publishing vLLM KV events for the proxy's precise prefix index) and the
+//! proxy, prints the base URL and where the metrics are, and serves until interrupted.
+//! `KINFERENCE_LOCAL_LOGS=1` shows the children's logs.
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -21,6 +22,9 @@ struct Args {
     /// Simulated seconds per wall second.
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
+    /// Run the replicas without vLLM KV events (the proxy then uses its approximate prefix index).
+    #[arg(long)]
+    no_kv_events: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,6 +44,7 @@ fn main() -> anyhow::Result<()> {
             ("qwen-3.6-27b".into(), args.replicas),
         ],
         time_scale: args.time_scale,
+        kv_events: !args.no_kv_events,
         quiet,
         ..StackOptions::default()
     };
@@ -59,6 +64,12 @@ fn main() -> anyhow::Result<()> {
     println!("  controller gRPC:  {}", stack.controller.grpc);
     for s in &stack.sims {
         println!("  {} replica:   http://{}", s.model, s.addr);
+    }
+    if opts.kv_events {
+        // Not a `replica:` line: kinference-viz reads those for the replicas' URLs.
+        println!(
+            "  KV events:        published on each replica's port + 1, followed by the proxy's precise prefix index"
+        );
     }
     println!();
     println!(
