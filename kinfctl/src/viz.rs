@@ -27,7 +27,11 @@ enum Command {
     /// Requests/s, success rate, latencies, tokens and cost per tenant and model, or per endpoint.
     Stat {
         /// What a row is: `tenant`, `model` (served), `tenant,model`, `tenant,requested_model,model`,
-        /// `pool`, or `endpoint`.
+        /// `pool`, or `endpoint`. Per endpoint: PREDICTED_TTFT is the mean prediction of the recent
+        /// decision records and OBSERVED_TTFT vLLM's own mean TTFT; PROXY_PREDICTED,
+        /// PROXY_OBSERVED, ABS_ERROR and ABS_ERROR_P95 are the proxy's per-endpoint histograms of
+        /// the same streams (`kinference_proxy_endpoint_*`) over the window: mean predicted and
+        /// observed TTFT, mean and p95 |observed - predicted|.
         #[arg(long, default_value = "tenant,model")]
         by: String,
         /// The window of rates and quantiles (30s, 1m, 5m, 1h, ...).
@@ -223,6 +227,10 @@ async fn stat(
                     num(&e["decisions"], 0),
                     secs(&e["predicted_ttft_mean_s"]),
                     secs(&e["observed_ttft_mean_s"]),
+                    secs(&e["proxy_predicted_ttft_mean_s"]),
+                    secs(&e["proxy_observed_ttft_mean_s"]),
+                    secs(&e["prediction_error_mean_s"]),
+                    secs(&e["prediction_error_p95_s"]),
                     secs(&e["signal_age_s"]),
                 ]
             })
@@ -238,6 +246,10 @@ async fn stat(
                 "DECISIONS",
                 "PREDICTED_TTFT",
                 "OBSERVED_TTFT",
+                "PROXY_PREDICTED",
+                "PROXY_OBSERVED",
+                "ABS_ERROR",
+                "ABS_ERROR_P95",
                 "SIGNAL_AGE",
             ],
             &rows,

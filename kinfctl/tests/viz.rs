@@ -294,6 +294,67 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
         assert!(r["COST_USD"].parse::<f64>().unwrap() > 0.0, "{r:?}");
     }
 
+    // stat --by endpoint: every endpoint that answered streams shows the proxy's per-endpoint
+    // prediction figures (kinference_proxy_endpoint_*), and the mean absolute error is at least
+    // the gap between the mean observed and the mean predicted TTFT (|E[o - p]| <= E|o - p|).
+    let ms = |cell: &str| -> Option<f64> {
+        cell.strip_suffix("ms")
+            .map(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| cell.strip_suffix('s')?.parse::<f64>().ok().map(|v| v * 1e3))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let by_endpoint = loop {
+        let rows = parse_table(&kinfctl(&[
+            "viz",
+            "--viz-url",
+            &viz,
+            "stat",
+            "--by",
+            "endpoint",
+            "--window",
+            "5m",
+        ]));
+        let complete = endpoints.keys().all(|e| {
+            rows.iter().any(|r| {
+                r["ENDPOINT"] == *e
+                    && [
+                        "PROXY_PREDICTED",
+                        "PROXY_OBSERVED",
+                        "ABS_ERROR",
+                        "ABS_ERROR_P95",
+                    ]
+                    .iter()
+                    .all(|k| ms(&r[*k]).is_some())
+            })
+        });
+        if complete {
+            break rows;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stat --by endpoint lacks the prediction columns of {endpoints:?}: {rows:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    for r in by_endpoint
+        .iter()
+        .filter(|r| endpoints.contains_key(&r["ENDPOINT"]))
+    {
+        let cell = |k: &str| ms(&r[k]).unwrap();
+        let (predicted, observed) = (cell("PROXY_PREDICTED"), cell("PROXY_OBSERVED"));
+        assert!(predicted > 0.0 && observed > 0.0, "{r:?}");
+        // Cells are printed to 0.1 ms (0.01 s from 1 s up).
+        let rounding = if predicted.max(observed) >= 1e3 {
+            10.0
+        } else {
+            0.1
+        };
+        assert!(
+            cell("ABS_ERROR") + 2.0 * rounding >= (observed - predicted).abs(),
+            "{r:?}"
+        );
+    }
+
     // top: the classes and routes of those requests.
     let top = kinfctl(&["viz", "--viz-url", &viz, "top"]);
     assert!(top.contains("complexity="), "{top}");
