@@ -751,8 +751,17 @@ async fn long_prompt_returns_to_its_prefix_unless_another_is_faster_and_saturati
         let d = env.decision(&id).await;
         let w = chosen(&d);
         assert_eq!(w["endpoint"], holder.as_str(), "{d}");
-        // The repeat's overlap comes from the holder's KV events, and covers the prefix.
+        // The repeat's overlap comes from the holder's KV events, and covers the prefix; every
+        // endpoint (each has sent a batch) is scored on its precise index.
         assert_eq!(w["prediction"]["prefix_source"], "precise", "{d}");
+        assert!(
+            d["decision"]["candidates"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["prediction"]["prefix_source"] == "precise"),
+            "{d}"
+        );
         assert!(
             w["prediction"]["cached_tokens"].as_u64().unwrap() >= (prefix_blocks - 1) * 16,
             "{d}"
