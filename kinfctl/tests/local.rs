@@ -74,7 +74,9 @@ fn pin_thresholds(dir: &Path) {
 /// A freshness budget of 5 s instead of the example's 500 ms: the signals check must pass on a
 /// loaded, shared machine too (scrapes run every 100 ms; a fail would mean none for 5 s).
 fn generous_freshness(doc: &mut serde_yaml::Value) {
-    doc["spec"]["balancer"]["freshnessBudget"] = serde_yaml::Value::from("5s");
+    if doc["kind"] == "InferencePolicy" {
+        doc["spec"]["balancer"]["freshnessBudget"] = serde_yaml::Value::from("5s");
+    }
 }
 
 /// Simulators, the controller on the rewritten examples, the proxy; everything stops on drop.
