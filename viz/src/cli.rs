@@ -112,12 +112,21 @@ fn http_client() -> reqwest::Client {
         .unwrap_or_default()
 }
 
+/// The in-cluster or kubeconfig client, without kube's retry layer: it retries a 429, 503 or 504
+/// up to 15 times over minutes, while the dashboard asks again every two seconds, so a failed list
+/// is shown at once and the next poll retries it.
+async fn cluster_client() -> anyhow::Result<kube::Client> {
+    let mut config = kube::Config::infer().await?;
+    config.default_retry = false;
+    Ok(kube::Client::try_from(config)?)
+}
+
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logs(&args.log_format);
     let policies = match args.manifests {
         Some(dir) => policies::Source::Manifests(dir),
         None => policies::Source::Kubernetes(
-            kube::Client::try_default()
+            cluster_client()
                 .await
                 .context("connecting to the Kubernetes API (or pass --manifests)")?,
         ),

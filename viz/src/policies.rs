@@ -5,6 +5,10 @@
 //! their conditions are computed by the controller's own pure status function
 //! (`kinference_policy_k8s_watch::status::desired_statuses`), so the page shows exactly what the
 //! controller would write.
+//!
+//! The dashboard polls every two seconds and every poll lists again, so the cluster source never
+//! waits long: a list that gets no answer within [`CLUSTER_TIMEOUT`] is reported as an error, and
+//! the next poll is the retry.
 
 use kinference_api::{InferenceClassifier, InferencePolicy};
 use kinference_policy_k8s_index::{Index, Resource, ResourceKey};
@@ -13,7 +17,11 @@ use serde_json::Value;
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
+    time::Duration,
 };
+
+/// How long one read of the cluster's policies may take before the page reports it.
+pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the policies come from.
 #[derive(Clone)]
@@ -49,6 +57,8 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
+    #[error("listing policies from the Kubernetes API: no answer within {0:?}")]
+    KubeTimeout(Duration),
 }
 
 /// One resource as the Policies page shows it.
@@ -169,7 +179,9 @@ impl Source {
                         })
                     })
             }
-            Self::Kubernetes(client) => from_cluster(client).await,
+            Self::Kubernetes(client) => tokio::time::timeout(CLUSTER_TIMEOUT, from_cluster(client))
+                .await
+                .unwrap_or(Err(Error::KubeTimeout(CLUSTER_TIMEOUT))),
         }
     }
 }
@@ -330,6 +342,32 @@ mod tests {
             p.classifiers[0].tags,
             vec!["complexity", "translation", "code"]
         );
+    }
+
+    /// An API server that accepts connections and never answers: the read is reported, not
+    /// waited for (kube's client has no read timeout of its own).
+    #[tokio::test(start_paused = true)]
+    async fn an_api_server_that_does_not_answer_is_reported() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let _held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                open.push(stream);
+            }
+        });
+        let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let answer =
+            tokio::time::timeout(Duration::from_secs(3600), Source::Kubernetes(client).load())
+                .await
+                .expect("load returns");
+        match answer {
+            Err(e @ Error::KubeTimeout(_)) => assert_eq!(
+                e.to_string(),
+                "listing policies from the Kubernetes API: no answer within 10s"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
