@@ -23,6 +23,26 @@ use std::{
     time::Duration,
 };
 
+/// Polls `f` every 50 ms until it returns `Some`, panicking after `timeout` with `what`: how tests
+/// over the local stack wait for its asynchronous state (discovery, scrapes, KV events).
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The workspace root (this crate's parent).
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

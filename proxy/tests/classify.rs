@@ -16,18 +16,17 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response, body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use kinference_proxy::local::{Stack, StackOptions};
+use kinference_proxy::local::{Stack, StackOptions, wait_until};
 use serde_json::{Value, json};
 use std::{
     convert::Infallible,
-    future::Future,
     net::SocketAddr,
     path::Path,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 use tokio::sync::Notify;
 
@@ -68,22 +67,6 @@ async fn start() -> Env {
     })
     .await;
     env
-}
-
-/// Polls `f` every 50 ms until it returns `Some`, panicking after `timeout`.
-async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 impl Env {

@@ -9,14 +9,10 @@
 //! `cargo build` first when missing (see `kinference_proxy::local`). Every wait is a bounded poll
 //! for a condition, never a sleep that hopes.
 
-use kinference_proxy::local::{Stack, StackOptions};
+use kinference_proxy::local::{Stack, StackOptions, wait_until};
 use kinference_proxy_signals::{PromptRef, Tokenizer};
 use serde_json::{Value, json};
-use std::{
-    future::Future,
-    path::Path,
-    time::{Duration, Instant},
-};
+use std::{path::Path, time::Duration};
 
 const PROXY: &str = env!("CARGO_BIN_EXE_kinference-proxy");
 
@@ -87,22 +83,6 @@ async fn start(opts: StackOptions, patch: fn(&mut serde_yaml::Value)) -> Env {
     .await;
     env.wait_for_kv_events().await;
     env
-}
-
-/// Polls `f` every 50 ms until it returns `Some`, panicking after `timeout`.
-async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 struct Rsp {

@@ -7,16 +7,15 @@
 //! the proxy binary subscribes per endpoint. Binaries come from the Cargo target directory, as in
 //! `e2e.rs`. Every wait is a bounded poll for a condition.
 
-use kinference_proxy::local::{self, Proc};
+use kinference_proxy::local::{self, Proc, wait_until};
 use kinference_proxy_signals::{PromptRef, Tokenizer};
 use serde_json::{Value, json};
 use std::{
     collections::BTreeMap,
-    future::Future,
     net::{SocketAddr, TcpListener},
     path::Path,
     process::Command,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 const PROXY: &str = env!("CARGO_BIN_EXE_kinference-proxy");
@@ -141,21 +140,6 @@ async fn start() -> Env {
         _proxy: proxy,
         _controller: controller,
         _manifests: manifests,
-    }
-}
-
-async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
