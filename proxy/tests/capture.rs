@@ -331,6 +331,24 @@ fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static)
     .unwrap()
 }
 
+/// The app's chat completion to `addr`, sent from inside the namespace `ns` with `request_id`.
+async fn app_chat(ns: &str, addr: SocketAddr, request_id: &str) -> Rsp {
+    let (ns, id) = (ns.to_string(), request_id.to_string());
+    tokio::task::spawn_blocking(move || {
+        in_netns(&ns, move || {
+            http(
+                addr,
+                "POST",
+                "/v1/chat/completions",
+                &[("content-type", "application/json"), ("x-request-id", &id)],
+                &chat_body(),
+            )
+        })
+    })
+    .await
+    .unwrap()
+}
+
 /// One HTTP/1.1 exchange over a plain socket, as an app with no proxy settings makes it.
 #[derive(Debug)]
 struct Rsp {
@@ -564,22 +582,7 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
 
     // The app calls the Service's published address: redirected, routed, answered by the fleet.
     let id = format!("capture-{}", std::process::id());
-    let rsp = {
-        let (ns, id) = (ns.clone(), id.clone());
-        tokio::task::spawn_blocking(move || {
-            in_netns(&ns, move || {
-                http(
-                    SocketAddr::from((CLUSTER_IP, SERVICE_PORT)),
-                    "POST",
-                    "/v1/chat/completions",
-                    &[("content-type", "application/json"), ("x-request-id", &id)],
-                    &chat_body(),
-                )
-            })
-        })
-        .await
-        .unwrap()
-    };
+    let rsp = app_chat(&ns, SocketAddr::from((CLUSTER_IP, SERVICE_PORT)), &id).await;
     assert_eq!(rsp.status, 200, "{rsp:?}");
     assert_eq!(rsp.headers.get("x-request-id"), Some(&id));
     let body: Value = serde_json::from_str(&rsp.body).unwrap();
@@ -590,14 +593,7 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
             .is_empty(),
         "{body}"
     );
-    let records: Value = client
-        .get(format!("{admin}/debug/decisions?request_id={id}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let records = decision_records(&client, &admin, &id).await;
     let record = &records[0];
     assert_eq!(record["request_id"], id.as_str(), "{records}");
     let service = format!("{CLUSTER_IP}:{SERVICE_PORT}");
@@ -699,31 +695,14 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
 
     // Direct use: the proxy's own port is not redirected and serves the default target.
     let direct_id = format!("direct-{}", std::process::id());
-    let rsp = {
-        let (ns, id) = (ns.clone(), direct_id.clone());
-        tokio::task::spawn_blocking(move || {
-            in_netns(&ns, move || {
-                http(
-                    SocketAddr::from(([127, 0, 0, 1], PROXY_PORT)),
-                    "POST",
-                    "/v1/chat/completions",
-                    &[("content-type", "application/json"), ("x-request-id", &id)],
-                    &chat_body(),
-                )
-            })
-        })
-        .await
-        .unwrap()
-    };
+    let rsp = app_chat(
+        &ns,
+        SocketAddr::from(([127, 0, 0, 1], PROXY_PORT)),
+        &direct_id,
+    )
+    .await;
     assert_eq!(rsp.status, 200, "{rsp:?}");
-    let records: Value = client
-        .get(format!("{admin}/debug/decisions?request_id={direct_id}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let records = decision_records(&client, &admin, &direct_id).await;
     assert_eq!(records[0]["request_id"], direct_id.as_str(), "{records}");
     assert_eq!(
         records[0]["target"], "llm.default.svc.cluster.local:8000",
@@ -735,31 +714,9 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
     let service6 = SocketAddr::from((CLUSTER_IP6, SERVICE_PORT));
     if ipv6 {
         let id6 = format!("capture6-{}", std::process::id());
-        let rsp = {
-            let (ns, id) = (ns.clone(), id6.clone());
-            tokio::task::spawn_blocking(move || {
-                in_netns(&ns, move || {
-                    http(
-                        service6,
-                        "POST",
-                        "/v1/chat/completions",
-                        &[("content-type", "application/json"), ("x-request-id", &id)],
-                        &chat_body(),
-                    )
-                })
-            })
-            .await
-            .unwrap()
-        };
+        let rsp = app_chat(&ns, service6, &id6).await;
         assert_eq!(rsp.status, 200, "{rsp:?}");
-        let records: Value = client
-            .get(format!("{admin}/debug/decisions?request_id={id6}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let records = decision_records(&client, &admin, &id6).await;
         assert_eq!(records[0]["request_id"], id6.as_str(), "{records}");
         assert_eq!(
             records[0]["target"],
@@ -830,22 +787,7 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
 
     // The next call makes the Service's stack again and is served by it.
     let again = format!("again-{}", std::process::id());
-    let rsp = {
-        let (ns, id) = (ns.clone(), again.clone());
-        tokio::task::spawn_blocking(move || {
-            in_netns(&ns, move || {
-                http(
-                    SocketAddr::from((CLUSTER_IP, SERVICE_PORT)),
-                    "POST",
-                    "/v1/chat/completions",
-                    &[("content-type", "application/json"), ("x-request-id", &id)],
-                    &chat_body(),
-                )
-            })
-        })
-        .await
-        .unwrap()
-    };
+    let rsp = app_chat(&ns, SocketAddr::from((CLUSTER_IP, SERVICE_PORT)), &again).await;
     assert_eq!(rsp.status, 200, "{rsp:?}");
     let made = log_lines(&log_path, "is an inference target")
         .iter()
@@ -854,6 +796,18 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
     assert!(made >= 2, "the stack was not made again after eviction");
     drop(controller);
     drop(sims);
+}
+
+/// The proxy's decision records for `request_id`.
+async fn decision_records(client: &reqwest::Client, admin: &str, request_id: &str) -> Value {
+    client
+        .get(format!("{admin}/debug/decisions?request_id={request_id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 /// The watch streams open at the controller, every API together.
