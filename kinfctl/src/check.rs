@@ -12,7 +12,9 @@ use std::{collections::BTreeMap, fmt, path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
 use k8s_openapi::api::{
-    admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
+    admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+    },
     apps::v1::Deployment,
     core::v1::{ConfigMap, Namespace, Pod},
     discovery::v1::EndpointSlice,
@@ -337,83 +339,79 @@ fn webhook_problem(
 
 async fn check_validating_webhook(client: &kube::Client, ns: &str) -> Outcome {
     let name = format!("kinference-{ns}-policy-validator");
-    match Api::<ValidatingWebhookConfiguration>::all(client.clone())
+    let found = Api::<ValidatingWebhookConfiguration>::all(client.clone())
         .get_opt(&name)
         .await
-    {
-        Ok(Some(c)) => {
-            let webhooks = c.webhooks.unwrap_or_default();
-            let problem = if webhooks.is_empty() {
-                Some(format!(
-                    "ValidatingWebhookConfiguration {name} has no webhook"
-                ))
-            } else {
-                webhooks.iter().find_map(|w| {
-                    let cc = &w.client_config;
-                    let svc = cc
-                        .service
-                        .as_ref()
-                        .map(|s| (s.namespace.as_str(), s.name.as_str()));
-                    webhook_problem(
-                        ns,
-                        &w.name,
-                        cc.ca_bundle.as_ref().map(|b| b.0.as_slice()),
-                        svc,
-                    )
-                })
-            };
-            match problem {
-                None => Outcome::pass(format!("the validating webhook {name} is configured")),
-                Some(p) => Outcome::fail(format!("{p} (run kinfctl install | kubectl apply -f -)")),
-            }
-        }
-        Ok(None) => Outcome::fail(format!(
-            "ValidatingWebhookConfiguration {name} is missing (run kinfctl install | kubectl apply -f -)"
-        )),
-        Err(e) => Outcome::fail(format!(
-            "cannot read ValidatingWebhookConfiguration {name}: {e}"
-        )),
-    }
+        .map(|c| {
+            c.map(|c| {
+                let webhooks = c.webhooks.unwrap_or_default().into_iter();
+                webhooks.map(|w| (w.name, w.client_config)).collect()
+            })
+        });
+    webhook_outcome(
+        "ValidatingWebhookConfiguration",
+        &name,
+        "the validating webhook",
+        ns,
+        found,
+    )
 }
 
 async fn check_mutating_webhook(client: &kube::Client, ns: &str) -> Outcome {
     let name = format!("kinference-{ns}-proxy-injector");
-    match Api::<MutatingWebhookConfiguration>::all(client.clone())
+    let found = Api::<MutatingWebhookConfiguration>::all(client.clone())
         .get_opt(&name)
         .await
-    {
-        Ok(Some(c)) => {
-            let webhooks = c.webhooks.unwrap_or_default();
+        .map(|c| {
+            c.map(|c| {
+                let webhooks = c.webhooks.unwrap_or_default().into_iter();
+                webhooks.map(|w| (w.name, w.client_config)).collect()
+            })
+        });
+    webhook_outcome(
+        "MutatingWebhookConfiguration",
+        &name,
+        "the proxy injector webhook",
+        ns,
+        found,
+    )
+}
+
+/// The outcome for the webhook configuration `kind`/`name` as read (`found`: its webhooks' names
+/// and client configurations): present, with every webhook passing [`webhook_problem`].
+fn webhook_outcome(
+    kind: &str,
+    name: &str,
+    what: &str,
+    ns: &str,
+    found: Result<Option<Vec<(String, WebhookClientConfig)>>, kube::Error>,
+) -> Outcome {
+    const FIX: &str = "run kinfctl install | kubectl apply -f -";
+    match found {
+        Ok(Some(webhooks)) => {
             let problem = if webhooks.is_empty() {
-                Some(format!(
-                    "MutatingWebhookConfiguration {name} has no webhook"
-                ))
+                Some(format!("{kind} {name} has no webhook"))
             } else {
-                webhooks.iter().find_map(|w| {
-                    let cc = &w.client_config;
+                webhooks.iter().find_map(|(webhook, cc)| {
                     let svc = cc
                         .service
                         .as_ref()
                         .map(|s| (s.namespace.as_str(), s.name.as_str()));
                     webhook_problem(
                         ns,
-                        &w.name,
+                        webhook,
                         cc.ca_bundle.as_ref().map(|b| b.0.as_slice()),
                         svc,
                     )
                 })
             };
             match problem {
-                None => Outcome::pass(format!("the proxy injector webhook {name} is configured")),
-                Some(p) => Outcome::fail(format!("{p} (run kinfctl install | kubectl apply -f -)")),
+                None => Outcome::pass(format!("{what} {name} is configured")),
+                Some(p) => Outcome::fail(format!("{p} ({FIX})")),
             }
         }
-        Ok(None) => Outcome::fail(format!(
-            "MutatingWebhookConfiguration {name} is missing (run kinfctl install | kubectl apply -f -)"
-        )),
-        Err(e) => Outcome::fail(format!(
-            "cannot read MutatingWebhookConfiguration {name}: {e}"
-        )),
+        Ok(None) => Outcome::fail(format!("{kind} {name} is missing ({FIX})")),
+        Err(e) => Outcome::fail(format!("cannot read {kind} {name}: {e}")),
     }
 }
 
