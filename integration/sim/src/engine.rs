@@ -147,6 +147,10 @@ pub struct Engine {
     running: Vec<Req>,
     live: HashSet<RequestId>,
     stats: EngineStats,
+    /// The stats as they stood before the step in progress: what `/metrics` shows until it ends.
+    published: EngineStats,
+    /// When the step in progress ends (its outputs, and with them its stats, are out then).
+    step_ends_at: SimTime,
     lora_ids: HashMap<String, u32>,
     /// Per running index, tokens scheduled this step (reused across steps).
     scheduled: Vec<u32>,
@@ -180,6 +184,8 @@ impl Engine {
             scheduled: Vec::new(),
             hit_scratch: Vec::new(),
             steps: 0,
+            published: EngineStats::new(),
+            step_ends_at: SimTime::ZERO,
         }
     }
 
@@ -278,6 +284,20 @@ impl Engine {
         self.waiting.len()
     }
 
+    /// Prompt tokens admitted or waiting whose KV is not yet computed: running requests' remaining
+    /// prefill and every waiting request's uncomputed tokens (before any prefix-cache hit, which is
+    /// only known at admission). Ground truth for studying prediction error; no vLLM metric reports
+    /// it.
+    pub fn prefill_backlog_tokens(&self) -> u64 {
+        let remaining = |r: &Req| u64::from(r.prompt_len.saturating_sub(r.num_computed));
+        self.running.iter().map(remaining).sum::<u64>()
+            + self
+                .waiting
+                .iter()
+                .map(|r| u64::from(r.num_tokens().saturating_sub(r.num_computed)))
+                .sum::<u64>()
+    }
+
     /// Steps run so far.
     pub fn steps(&self) -> u64 {
         self.steps
@@ -290,6 +310,9 @@ impl Engine {
             return out;
         }
         self.steps += 1;
+        // vLLM publishes the scheduler's stats and counts prompt tokens with a step's outputs, so
+        // while this step runs, `/metrics` still shows the state after the previous one.
+        self.published.clone_from(&self.stats);
         let bs = self.config.block_size;
         let mut budget = self.config.max_num_batched_tokens;
         self.scheduled.clear();
@@ -408,6 +431,7 @@ impl Engine {
         out.prefill_tokens = shape.prefill_tokens;
         out.decode_seqs = shape.decode_seqs;
         let end = now + out.duration;
+        self.step_ends_at = end;
 
         // 4. Advance computed tokens, sample, finish.
         let mut any_finished = false;
@@ -471,9 +495,27 @@ impl Engine {
         out
     }
 
-    /// Counters, gauges and histograms, as vLLM's `/metrics` would report them at `now`.
+    /// Counters, gauges and histograms as of the last step's start (the step's own outcome
+    /// included, as if it had ended): the engine's own bookkeeping.
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// Marks the step in progress as ended (its outputs delivered) even if `now` has not quite
+    /// reached its end, for a caller whose clock rounds: [`Engine::stats_at`] then reports it.
+    pub fn end_step(&mut self) {
+        self.step_ends_at = SimTime::ZERO;
+    }
+
+    /// What vLLM's `/metrics` reports at `now`: while a step runs, the stats as they stood before
+    /// it (vLLM's engine core sends its scheduler stats, and the frontend counts prompt and
+    /// generation tokens, with each step's outputs); once it has ended, [`Engine::stats`].
+    pub fn stats_at(&self, now: SimTime) -> &EngineStats {
+        if now < self.step_ends_at {
+            &self.published
+        } else {
+            &self.stats
+        }
     }
 
     /// KV-cache events since the last drain (vLLM publishes them once per step).

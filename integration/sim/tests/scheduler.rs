@@ -565,3 +565,39 @@ fn decode_latency_and_single_token_requests() {
     assert!((s.e2e_request_latency.sum - (out.duration.as_secs_f64() + e2e_2)).abs() < 1e-9);
     assert_eq!(s.generation_tokens, 1 + u64::from(m));
 }
+
+#[test]
+fn metrics_show_a_step_once_it_has_ended_as_vllm_publishes_them() {
+    // A 200-token prompt in one step; vLLM's engine core sends the scheduler's stats with the
+    // step's outputs, and the frontend counts prompt tokens then, so during the step /metrics
+    // still shows the state before it.
+    let mut cfg = small_config(1000);
+    cfg.max_num_batched_tokens = 4096;
+    let mut e = Engine::new(cfg, qwen().cost);
+    e.submit(req(1, prompt(1, 200), 4), SimTime::ZERO).unwrap();
+    let out = e.step(SimTime::ZERO);
+    assert!(out.duration > Duration::ZERO);
+    let during = out.duration / 2;
+    let before = e.stats_at(during);
+    assert_eq!(
+        (
+            before.num_requests_running,
+            before.prefix_cache_queries,
+            before.prompt_tokens
+        ),
+        (0, 0, 0)
+    );
+    let after = e.stats_at(out.duration);
+    assert_eq!(
+        (
+            after.num_requests_running,
+            after.prefix_cache_queries,
+            after.prompt_tokens
+        ),
+        (1, 200, 200)
+    );
+    assert_eq!(after, e.stats());
+    // A caller whose clock rounds can mark the step delivered early.
+    e.end_step();
+    assert_eq!(e.stats_at(during), e.stats());
+}

@@ -178,9 +178,10 @@ impl Driver {
         ))
     }
 
-    /// A copy of the engine's counters.
+    /// A copy of the engine's counters as `/metrics` shows them now (during a step, as they
+    /// stood before it, as vLLM publishes stats with each step's outputs).
     pub fn stats(&self) -> EngineStats {
-        self.engine.lock().stats().clone()
+        self.engine.lock().stats_at(self.clock.now()).clone()
     }
 
     /// Requests the server holds (submitted, not finished, not aborted).
@@ -269,6 +270,7 @@ impl Driver {
             };
             step_end = now + output.duration;
             tokio::time::sleep_until(self.clock.wall_instant(step_end).into()).await;
+            self.engine.lock().end_step();
             self.deliver(output.events);
         }
     }
