@@ -49,6 +49,10 @@ struct Args {
     /// repeated), for sweeps; the published tables use the defaults.
     #[arg(long, value_delimiter = ',')]
     kinference_set: Vec<String>,
+    /// Writes every cell's per-request outcomes, with Kinference's prediction inputs, as
+    /// `<dir>/<workload>-<load>-<strategy>.csv` (for studying prediction error).
+    #[arg(long)]
+    dump_requests: Option<PathBuf>,
     /// Worker threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -98,7 +102,11 @@ fn main() -> anyhow::Result<()> {
         threads: args
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        dump_requests: args.dump_requests.clone(),
     };
+    if let Some(dir) = &args.dump_requests {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     let started = std::time::Instant::now();
     let results = suite::run(&plan)?;
     let wall_s = started.elapsed().as_secs_f64();

@@ -19,6 +19,22 @@ pub struct Outcome {
     pub e2e_s: Option<f64>,
     pub predicted_ttft_s: Option<f64>,
     pub rejected: bool,
+    /// Every input of the prediction (Kinference only), for `--dump-requests`.
+    pub prediction: Option<Box<kinference_routing::predict::Prediction>>,
+    /// The chosen replica's true state when the request arrived, for `--dump-requests`.
+    pub at_arrival: Option<ReplicaTruth>,
+}
+
+/// What the chosen replica was really doing when a request arrived (no router sees this): what a
+/// prediction would need to be exact, against which its error can be split.
+#[derive(Copy, Clone, Debug, Default, PartialEq)]
+pub struct ReplicaTruth {
+    /// Until the step in progress ends (0 when idle).
+    pub step_residual_s: f64,
+    /// Prompt tokens admitted or waiting whose KV is not computed yet.
+    pub backlog_tokens: u64,
+    pub running: u32,
+    pub waiting: u32,
 }
 
 /// The measurements of one (workload, strategy, load) cell.
@@ -324,6 +340,75 @@ pub fn to_markdown(results: &[CellResult]) -> String {
     s
 }
 
+/// Columns of [`requests_csv`].
+pub const REQUESTS_CSV_HEADER: &str = "arrived_s,replica,prompt_tokens,cached_tokens,output_tokens,ttft_s,e2e_s,\
+predicted_ttft_s,pred_cached_tokens,pred_wait_s,pred_prefill_wait_s,pred_capacity_wait_s,pred_prefill_s,\
+pred_attention_s,pred_steps_s,pred_step_residual_s,pred_kv_pressure_factor,pred_correction,pred_queued_prefill_tokens,\
+pred_others_prefilling_tokens,pred_other_waiting,pred_own_awaiting,pred_running,pred_rate_tps,pred_kv_usage,\
+pred_waiting_age_s,true_step_residual_s,true_backlog_tokens,true_running,true_waiting";
+
+/// One row per request of a cell, with the prediction's inputs where the strategy predicts: the
+/// raw material for studying where prediction error comes from (`--dump-requests`).
+pub fn requests_csv(outcomes: &[Outcome]) -> String {
+    let mut s = String::from(REQUESTS_CSV_HEADER);
+    s.push('\n');
+    let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.6}"));
+    for o in outcomes {
+        let _ = write!(
+            s,
+            "{:.6},{},{},{},{},{},{},{}",
+            o.arrived_s,
+            o.replica.map_or(String::new(), |r| r.to_string()),
+            o.prompt_tokens,
+            o.cached_tokens,
+            o.output_tokens,
+            opt(o.ttft_s),
+            opt(o.e2e_s),
+            opt(o.predicted_ttft_s),
+        );
+        match &o.prediction {
+            Some(p) => {
+                let _ = write!(
+                    s,
+                    ",{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.4},{:.4},{:.1},{:.1},{},{},{},{:.1},{},{}",
+                    p.cached_tokens,
+                    p.wait_s,
+                    p.prefill_wait_s,
+                    p.capacity_wait_s,
+                    p.prefill_s,
+                    p.attention_s,
+                    p.steps_s,
+                    p.step_residual_s,
+                    p.kv_pressure_factor,
+                    p.correction,
+                    p.queued_prefill_tokens,
+                    p.others_prefilling_tokens,
+                    p.other_waiting_requests,
+                    p.own_awaiting_first_token,
+                    p.running_seqs,
+                    p.prefill_tokens_per_second,
+                    p.kv_cache_usage
+                        .map_or(String::new(), |u| format!("{:.4}", u.value)),
+                    p.reported_waiting
+                        .map_or(String::new(), |u| format!("{:.4}", u.age_s)),
+                );
+            }
+            None => s.push_str(&",".repeat(18)),
+        }
+        match &o.at_arrival {
+            Some(t) => {
+                let _ = writeln!(
+                    s,
+                    ",{:.6},{},{},{}",
+                    t.step_residual_s, t.backlog_tokens, t.running, t.waiting
+                );
+            }
+            None => s.push_str(",,,,\n"),
+        }
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,6 +425,8 @@ mod tests {
             e2e_s: Some(e2e),
             predicted_ttft_s: Some(ttft * 1.1),
             rejected: false,
+            prediction: None,
+            at_arrival: None,
         }
     }
 

@@ -14,7 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::{
     des::{Event, EventQueue},
     fleet::{self, FleetError, Replica, ReplicaInfo},
-    report::{CellResult, Outcome},
+    report::{CellResult, Outcome, ReplicaTruth},
     sidecar::{Scraped, SidecarState, View},
     strategy::{Req, Router, StrategyKind},
     workload::{RequestSpec, Workload},
@@ -59,6 +59,8 @@ struct Rec {
     cached_tokens: u32,
     output_tokens: u32,
     predicted_ttft_s: Option<f64>,
+    prediction: Option<Box<kinference_routing::predict::Prediction>>,
+    at_arrival: Option<ReplicaTruth>,
     rejected: bool,
     /// The session and the index of the turn that follows this one.
     next_turn: Option<(usize, usize)>,
@@ -90,6 +92,15 @@ pub fn run_cell(
     strategy: StrategyKind,
     cfg: &RunConfig,
 ) -> Result<CellResult, FleetError> {
+    run_cell_detailed(workload, strategy, cfg).map(|(cell, _)| cell)
+}
+
+/// [`run_cell`], also returning each request's outcome.
+pub fn run_cell_detailed(
+    workload: &Workload,
+    strategy: StrategyKind,
+    cfg: &RunConfig,
+) -> Result<(CellResult, Vec<Outcome>), FleetError> {
     let started = std::time::Instant::now();
     let mut replicas: Vec<Replica> = fleet::build(&workload.fleet)?;
     let infos: Vec<ReplicaInfo> = replicas.iter().map(|r| r.info.clone()).collect();
@@ -115,6 +126,8 @@ pub fn run_cell(
         cached_tokens: 0,
         output_tokens: 0,
         predicted_ttft_s: None,
+        prediction: None,
+        at_arrival: None,
         rejected: false,
         next_turn,
     };
@@ -176,6 +189,14 @@ pub fn run_cell(
                 };
                 let pick = router.pick(&r, &candidates, &view, rng);
                 let replica = pick.replica;
+                let truth = ReplicaTruth {
+                    step_residual_s: replicas[replica]
+                        .busy_until
+                        .map_or(0.0, |end| end.saturating_sub(now).as_secs_f64()),
+                    backlog_tokens: replicas[replica].engine.prefill_backlog_tokens(),
+                    running: replicas[replica].engine.num_running() as u32,
+                    waiting: replicas[replica].engine.num_waiting() as u32,
+                };
                 let submitted = replicas[replica].engine.submit(
                     EngineRequest {
                         id: req as u64,
@@ -195,6 +216,8 @@ pub fn run_cell(
                 let rec = &mut recs[req];
                 rec.replica = Some(replica);
                 rec.predicted_ttft_s = pick.predicted_ttft_s;
+                rec.prediction = pick.prediction;
+                rec.at_arrival = Some(truth);
                 if replicas[replica].busy_until.is_none() {
                     start_step(&mut replicas[replica], replica, now, &mut q);
                 }
@@ -269,7 +292,7 @@ pub fn run_cell(
             Event::Scrape { sidecar } => {
                 let Sidecar { state, router, .. } = &mut sidecars[sidecar];
                 for (r, rep) in replicas.iter().enumerate() {
-                    state.scraped[r] = Some(Scraped::of(rep.engine.stats(), now));
+                    state.scraped[r] = Some(Scraped::of(rep.engine.stats_at(now), now));
                 }
                 let view = View {
                     now,
@@ -289,7 +312,7 @@ pub fn run_cell(
     }
 
     let outcomes: Vec<Outcome> = recs
-        .iter()
+        .into_iter()
         .map(|r| Outcome {
             arrived_s: r.arrived_at.as_secs_f64(),
             prompt_tokens: r.spec.prompt.len() as u32,
@@ -301,9 +324,11 @@ pub fn run_cell(
             e2e_s: r.finished_at.map(|t| (t - r.arrived_at).as_secs_f64()),
             predicted_ttft_s: r.predicted_ttft_s,
             rejected: r.rejected,
+            prediction: r.prediction,
+            at_arrival: r.at_arrival,
         })
         .collect();
-    Ok(CellResult::from_outcomes(
+    let cell = CellResult::from_outcomes(
         workload.kind.name(),
         strategy.name(),
         workload.load_rps,
@@ -311,7 +336,8 @@ pub fn run_cell(
         &outcomes,
         preemptions,
         started.elapsed().as_secs_f64(),
-    ))
+    );
+    Ok((cell, outcomes))
 }
 
 fn start_step(rep: &mut Replica, replica: usize, now: SimTime, q: &mut EventQueue) {

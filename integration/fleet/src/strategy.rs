@@ -35,11 +35,13 @@ pub struct Req<'a> {
 }
 
 /// A routing decision.
-#[derive(Copy, Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Pick {
     pub replica: usize,
     /// The TTFT the strategy predicted for this request there, if it predicts one (seconds).
     pub predicted_ttft_s: Option<f64>,
+    /// Every input of that prediction (Kinference only), for `--dump-requests`.
+    pub prediction: Option<Box<kinference_routing::predict::Prediction>>,
 }
 
 impl Pick {
@@ -47,6 +49,7 @@ impl Pick {
         Self {
             replica,
             predicted_ttft_s: None,
+            prediction: None,
         }
     }
 }

@@ -13,8 +13,8 @@ use std::{
 };
 
 use crate::{
-    report::CellResult,
-    run::{RunConfig, run_cell},
+    report::{self, CellResult},
+    run::{RunConfig, run_cell, run_cell_detailed},
     strategy::StrategyKind,
     workload::{self, Size, Workload, WorkloadError, WorkloadKind},
 };
@@ -71,6 +71,9 @@ pub struct Plan {
     pub run: RunConfig,
     pub traces_dir: PathBuf,
     pub threads: usize,
+    /// When set, each cell's per-request outcomes (with Kinference's prediction inputs) are written
+    /// to `<dir>/<workload>-<load>-<strategy>.csv`.
+    pub dump_requests: Option<PathBuf>,
 }
 
 /// Builds every workload point, then runs every (point, strategy) cell on `plan.threads` threads.
@@ -110,7 +113,7 @@ pub fn run(plan: &Plan) -> Result<Vec<CellResult>, SuiteError> {
                     let Some((idx, w, s)) = jobs.get(i) else {
                         break;
                     };
-                    let r = run_cell(w, *s, &plan.run).map_err(SuiteError::from);
+                    let r = run_and_dump(w, *s, plan);
                     if let Ok(mut slots) = results.lock() {
                         slots[*idx] = Some(r);
                     }
@@ -127,8 +130,35 @@ pub fn run(plan: &Plan) -> Result<Vec<CellResult>, SuiteError> {
         .collect()
 }
 
+fn run_and_dump(
+    w: &Workload,
+    strategy: StrategyKind,
+    plan: &Plan,
+) -> Result<CellResult, SuiteError> {
+    let Some(dir) = &plan.dump_requests else {
+        return Ok(run_cell(w, strategy, &plan.run)?);
+    };
+    let (cell, outcomes) = run_cell_detailed(w, strategy, &plan.run)?;
+    let path = dir.join(format!(
+        "{}-{}-{}.csv",
+        w.kind.name(),
+        w.load_rps,
+        strategy.name()
+    ));
+    std::fs::write(&path, report::requests_csv(&outcomes)).map_err(|source| SuiteError::Dump {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(cell)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SuiteError {
+    #[error("writing {path}: {source}")]
+    Dump {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Workload(#[from] WorkloadError),
     #[error(transparent)]

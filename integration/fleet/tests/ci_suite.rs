@@ -28,6 +28,7 @@ fn plan(workloads: Vec<WorkloadKind>, strategies: Vec<StrategyKind>, seed: u64) 
         },
         traces_dir: traces(),
         threads: 2,
+        dump_requests: None,
     }
 }
 
@@ -135,12 +136,49 @@ fn the_binary_writes_its_csv_and_report() {
         .arg(traces())
         .arg("--out")
         .arg(&out)
+        .arg("--dump-requests")
+        .arg(dir.path().join("requests"))
         .status()
         .unwrap();
     assert!(status.success());
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
     assert_eq!(csv.lines().next(), Some(report::CSV_HEADER));
     assert_eq!(csv.lines().count(), 1 + 2 * 2);
+
+    // Per-request rows: one per request of the cell, every row as wide as the header; Kinference's
+    // carry its prediction's inputs, every strategy's the replica's true state at arrival.
+    let columns = report::REQUESTS_CSV_HEADER.split(',').count();
+    for strategy in ["random", "kinference"] {
+        let cell = csv
+            .lines()
+            .find(|l| l.starts_with(&format!("two-model,{strategy},")))
+            .unwrap();
+        let requests: usize = cell.split(',').nth(3).unwrap().parse().unwrap();
+        let dump = std::fs::read_to_string(
+            dir.path()
+                .join(format!("requests/two-model-2-{strategy}.csv")),
+        )
+        .unwrap();
+        let mut lines = dump.lines();
+        assert_eq!(lines.next(), Some(report::REQUESTS_CSV_HEADER));
+        let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+        assert_eq!(rows.len(), requests);
+        let col = |name: &str| {
+            report::REQUESTS_CSV_HEADER
+                .split(',')
+                .position(|c| c == name)
+                .unwrap()
+        };
+        for row in &rows {
+            assert_eq!(row.len(), columns, "{row:?}");
+            if row[col("ttft_s")].is_empty() {
+                continue; // rejected
+            }
+            assert!(!row[col("true_running")].is_empty());
+            let predicted = !row[col("pred_wait_s")].is_empty();
+            assert_eq!(predicted, strategy == "kinference", "{row:?}");
+        }
+    }
     let md = std::fs::read_to_string(dir.path().join("fleet.md")).unwrap();
     assert!(
         md.contains("### two-model") && md.contains("Kinference against the best other strategy")

@@ -140,6 +140,9 @@ pub struct PrefixCacheCounters {
     pub prompt_tokens: Option<u64>,
 }
 
+/// Time constant of the decayed prefix-cache hit fraction ([`Signals::prefix_hit_fraction`]).
+pub const HIT_FRACTION_TAU: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What an endpoint reports about itself, each with its observation time.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Signals {
@@ -153,8 +156,13 @@ pub struct Signals {
     pub cache_config: Option<Observed<CacheConfig>>,
     /// The latest prefix-cache counters.
     pub prefix_cache: Option<Observed<PrefixCacheCounters>>,
-    /// The hit fraction between the last two counter readings (other clients' cache reuse).
+    /// The endpoint's recent prefix-cache hit fraction (all clients' reuse): hit tokens over
+    /// queried tokens of the counter deltas, each delta's weight decaying with time constant
+    /// [`HIT_FRACTION_TAU`]. One scrape interval admits one or two requests, each a hit or a miss;
+    /// the fraction stands for the requests the proxy cannot see, so it must average over many.
     pub prefix_hit_fraction: Option<Observed<f64>>,
+    /// The decayed sums behind `prefix_hit_fraction`: (hit tokens, queried tokens).
+    pub hit_sums: (f64, f64),
     /// Prompt tokens of the requests being prefilled at the scrape (`queries − prompt_tokens`).
     pub prefilling_tokens: Option<Observed<u64>>,
 }
@@ -205,7 +213,15 @@ impl Signals {
                 let hits = counters.hits_tokens.saturating_sub(prev.value.hits_tokens);
                 // A counter reset (engine restart) shows as going backwards: skip that interval.
                 if queries > 0 && counters.queries_tokens >= prev.value.queries_tokens {
-                    let fraction = (hits as f64 / queries as f64).clamp(0.0, 1.0);
+                    let last = self.prefix_hit_fraction.map_or(at, |o| o.at);
+                    let decay = (-at.saturating_since(last).as_secs_f64()
+                        / HIT_FRACTION_TAU.as_secs_f64())
+                    .exp();
+                    let (h, q) = self.hit_sums;
+                    let h = h * decay + hits.min(queries) as f64;
+                    let q = q * decay + queries as f64;
+                    self.hit_sums = (h, q);
+                    let fraction = (h / q).clamp(0.0, 1.0);
                     self.prefix_hit_fraction = Some(Observed::new(fraction, at));
                 }
             }
@@ -271,6 +287,15 @@ mod tests {
             s.prefix_hit_fraction.map(|o| o.at),
             Some(Time::from_secs_f64(2.0))
         );
+        // One τ later, a 1,000-token miss: the earlier 2,000 tokens count e⁻¹ as much.
+        s.apply(&counters(1_010, 0), Time::from_secs_f64(12.0));
+        let w = (-1.0f64).exp();
+        let expected = 1_500.0 * w / (2_000.0 * w + 1_000.0);
+        let got = s.prefix_hit_fraction.map(|o| o.value).unwrap();
+        assert!((got - expected).abs() < 1e-12, "{got} vs {expected}");
+        // Long after, the old deltas are forgotten: a run of hits reads as nearly all hits.
+        s.apply(&counters(2_010, 1_000), Time::from_secs_f64(112.0));
+        assert!(s.prefix_hit_fraction.unwrap().value > 0.999);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The TTFT predictor: how long until endpoint `e` would return the first token of request `r`.
 //!
-//! `ttft = wait × correction + (prefill + decode_interference) × kv_pressure + overhead`, in
+//! `ttft = wait × correction + (prefill + steps) × kv_pressure + overhead`, in
 //! seconds, where the wait is the larger of the prefill-bound wait (queued prefill tokens over a
 //! prefill rate in tokens per second) and the KV-capacity-bound wait (completions needed before
 //! the prompt fits, paced by the running batch and a learned service time). Selection adds the
@@ -82,6 +82,9 @@ pub struct PredictConfig {
     /// proxy's own, discounted by the hit fraction) still left when a request arrives: the
     /// expected remainder of work that is known to be there. 0 ignores it.
     pub prefilling_remaining_fraction: f64,
+    /// Share of an own request's uncached tokens counted as still queued once it is past its
+    /// predicted first token without one (its prediction was wrong; how far it got is unknown).
+    pub overdue_remaining_fraction: f64,
     /// Weight of the duplicate-prefix cost in the selection cost: the prompt tokens another
     /// candidate of the same model has cached but this one would prefill again are charged once
     /// more at this endpoint's rate (`miss_cost_s = weight × duplicate_tokens / rate`), for the
@@ -107,6 +110,7 @@ impl Default for PredictConfig {
             service_alpha: 0.2,
             queue_cost_weight: 1.0,
             prefilling_remaining_fraction: 0.5,
+            overdue_remaining_fraction: 0.5,
             miss_cost_weight: 3.0,
         }
     }
@@ -240,7 +244,9 @@ pub struct Prediction {
     pub cached_tokens: u32,
     pub uncached_tokens: u32,
     pub prefix_source: Option<PrefixSource>,
-    pub own_queued_prefill_tokens: u64,
+    /// Uncached tokens of own requests awaiting a first token still left to prefill now, by the
+    /// schedule predicted at their dispatch.
+    pub own_queued_prefill_tokens: f64,
     pub own_awaiting_first_token: u32,
     pub own_decoding: u32,
     pub reported_waiting: Option<SignalInput>,
@@ -253,6 +259,9 @@ pub struct Prediction {
     /// Others' uncached prompt tokens still to prefill from requests prefilling at the scrape
     /// (`prefilling_tokens` less own, × (1 − hit fraction) × `prefilling_remaining_fraction`).
     pub others_prefilling_tokens: f64,
+    /// Others' waiting and prefilling tokens as of the scrape, less what the engine has prefilled
+    /// since (scrape age × rate).
+    pub others_queued_tokens: f64,
     pub queued_prefill_tokens: f64,
     pub running_seqs: u32,
     pub prefill_tokens_per_second: f64,
@@ -269,13 +278,20 @@ pub struct Prediction {
     /// Whether the capacity-bound wait was the larger (then the KV factor is 1: the shortage is
     /// modelled by the wait itself).
     pub capacity_bound: bool,
-    /// `max(prefill_wait_s, capacity_wait_s)`.
+    /// `max(prefill_wait_s, capacity_wait_s) + step_residual_s`.
     pub wait_s: f64,
     pub prefill_s: f64,
     /// Attention's superlinear share of this request's prefill: `prefill_attention_pair_s ×
     /// (uncached × cached + uncached² / 2)`.
     pub attention_s: f64,
-    pub decode_interference_s: f64,
+    /// The fixed and decode cost of the engine steps that carry the queued prefill and this
+    /// one's: `ceil((queued + uncached) / max_num_batched_tokens) × (time_per_output_token_s +
+    /// running × decode_step_per_seq_s)`, at least one step even on an idle endpoint.
+    pub steps_s: f64,
+    /// The expected rest of the engine step in progress when the request arrives: half a step at
+    /// the running batch when the endpoint is busy (running, queued or prefilling), else 0. Part
+    /// of the wait.
+    pub step_residual_s: f64,
     pub kv_pressure_factor: f64,
     pub overhead_s: f64,
     /// Before correction.
@@ -340,7 +356,8 @@ pub fn predict(
     };
     let hit_fraction = s.prefix_hit_fraction.map_or(0.0, |o| o.value);
     let other_request_tokens = view.mean_prompt_tokens.max(0.0) * (1.0 - hit_fraction);
-    let own_queued = own.queued_prefill_tokens();
+    let own_queued = own.remaining_prefill_tokens_at(now, config.overdue_remaining_fraction);
+    let rate = view.prefill_tokens_per_second.max(1.0);
     let others_prefilling_tokens = match s.prefilling_tokens {
         Some(o) if o.is_fresh(now, budget) => {
             o.value
@@ -350,9 +367,16 @@ pub fn predict(
         }
         _ => 0.0,
     };
-    let queued_prefill_tokens = own_queued as f64
-        + f64::from(other_waiting_requests) * other_request_tokens
-        + others_prefilling_tokens;
+    // Others' work as of the scrape, less what the engine has prefilled since (it works through
+    // its queue at `rate` whoever's it is).
+    let others_at_scrape =
+        f64::from(other_waiting_requests) * other_request_tokens + others_prefilling_tokens;
+    let scrape_age_s = s
+        .num_requests_waiting
+        .filter(|o| o.is_fresh(now, budget))
+        .map_or(0.0, |o| o.age(now).as_secs_f64());
+    let others_queued_tokens = (others_at_scrape - scrape_age_s * rate).max(0.0);
+    let queued_prefill_tokens = own_queued + others_queued_tokens;
 
     let reported_running = s
         .num_requests_running
@@ -363,7 +387,6 @@ pub fn predict(
         _ => own_decoding,
     };
 
-    let rate = view.prefill_tokens_per_second.max(1.0);
     let budget_tokens = f64::from(view.prior.max_num_batched_tokens.max(1));
     let decode_step_s = view.prior.time_per_output_token_s
         + f64::from(running_seqs) * view.prior.decode_step_per_seq_s;
@@ -371,14 +394,12 @@ pub fn predict(
     let prefill_s = f64::from(uncached_tokens) / rate;
     let (u, c) = (f64::from(uncached_tokens), f64::from(cached_tokens));
     let attention_s = view.prior.prefill_attention_pair_s.max(0.0) * (u * c + u * u / 2.0);
-    let decode_interference_s = if running_seqs > 0 {
-        let steps = ((queued_prefill_tokens + f64::from(uncached_tokens)) / budget_tokens)
-            .ceil()
-            .max(1.0);
-        steps * decode_step_s
-    } else {
-        0.0
-    };
+    let steps = ((queued_prefill_tokens + f64::from(uncached_tokens)) / budget_tokens)
+        .ceil()
+        .max(1.0);
+    let steps_s = steps * decode_step_s;
+    let busy = running_seqs > 0 || queued_prefill_tokens > 0.0;
+    let step_residual_s = if busy { 0.5 * decode_step_s } else { 0.0 };
 
     let kv_cache_usage = s.kv_cache_usage.map(|o| SignalInput::of(&o, now, budget));
     let usage = kv_cache_usage.filter(|u| u.used).map(|u| u.value);
@@ -417,7 +438,7 @@ pub fn predict(
         }
     }
     let capacity_bound = capacity_wait_s > prefill_wait_s;
-    let wait_s = prefill_wait_s.max(capacity_wait_s);
+    let wait_s = prefill_wait_s.max(capacity_wait_s) + step_residual_s;
 
     let kv_pressure_factor = match usage {
         Some(u) if !capacity_bound && u > config.kv_pressure_threshold => {
@@ -428,9 +449,7 @@ pub fn predict(
     };
 
     let overhead_s = view.prior.overhead_s;
-    let raw_ttft_s = wait_s
-        + (prefill_s + attention_s + decode_interference_s) * kv_pressure_factor
-        + overhead_s;
+    let raw_ttft_s = wait_s + (prefill_s + attention_s + steps_s) * kv_pressure_factor + overhead_s;
     let correction = view
         .correction
         .clamp(config.correction_min, config.correction_max);
@@ -476,6 +495,7 @@ pub fn predict(
         other_waiting_requests,
         other_request_tokens,
         others_prefilling_tokens,
+        others_queued_tokens,
         queued_prefill_tokens,
         running_seqs,
         prefill_tokens_per_second: rate,
@@ -488,7 +508,8 @@ pub fn predict(
         wait_s,
         prefill_s,
         attention_s,
-        decode_interference_s,
+        steps_s,
+        step_residual_s,
         kv_pressure_factor,
         overhead_s,
         raw_ttft_s,
@@ -553,8 +574,9 @@ mod tests {
                 first_token_at: None,
                 predicted_non_prefill_s: 0.0,
                 kv_pressure_factor: 1.0,
-                predicted_raw_ttft_s: 0.1,
-                predicted_wait_s: 0.0,
+                // Predicted to start prefilling 0.5 s after dispatch: still queued in full.
+                predicted_raw_ttft_s: 0.6,
+                predicted_wait_s: 0.5,
                 teaches_rate: true,
             });
         }
@@ -585,34 +607,39 @@ mod tests {
             &view,
             8_000,
             Some((4_000, PrefixSource::Approximate)),
-            t(1.2),
+            t(1.05),
             &PredictConfig::default(),
         );
         assert_eq!((p.cached_tokens, p.uncached_tokens), (4_000, 4_000));
         assert_eq!(p.other_waiting_requests, 3); // 5 reported − 2 own counted in that scrape
         assert!(close(p.other_request_tokens, 1_000.0));
-        assert!(close(p.queued_prefill_tokens, 4_500.0));
+        assert!(close(p.own_queued_prefill_tokens, 1_500.0));
+        // 3,000 tokens of others' at the scrape, 0.05 s × 10,000 tokens/s of it done since.
+        assert!(close(p.others_queued_tokens, 2_500.0));
+        assert!(close(p.queued_prefill_tokens, 4_000.0));
         assert_eq!(p.running_seqs, 10);
-        assert!(close(p.prefill_wait_s, 0.45));
+        assert!(close(p.prefill_wait_s, 0.4));
         // No cache configuration scraped: no capacity-bound wait.
         assert_eq!((p.kv_free_tokens, p.completions_ahead), (None, 0));
-        assert!(!p.capacity_bound && close(p.wait_s, 0.45));
+        // Half of a 21 ms step (20 ms + 10 × 0.1 ms) is in progress on a busy endpoint.
+        assert!(close(p.step_residual_s, 0.0105));
+        assert!(!p.capacity_bound && close(p.wait_s, 0.4105));
         assert!(close(p.prefill_s, 0.4));
-        assert!(close(p.decode_interference_s, 2.0 * 0.021)); // ceil(8500/8192) steps × (20 ms + 10×0.1 ms)
+        assert!(close(p.steps_s, 0.021)); // ceil(8,000 / 8,192) step of 21 ms
         assert!(close(p.kv_pressure_factor, 1.5));
-        // The KV factor scales this request's own prefill and interference, not the wait.
-        let raw = 0.45 + (0.4 + 0.042) * 1.5 + 0.01;
+        // The KV factor scales this request's own prefill and steps, not the wait.
+        let raw = 0.4105 + (0.4 + 0.021) * 1.5 + 0.01;
         assert!(close(p.raw_ttft_s, raw));
         // The correction scales the wait.
-        assert!(close(p.predicted_ttft_s, raw + 0.45 * 0.2));
+        assert!(close(p.predicted_ttft_s, raw + 0.4105 * 0.2));
         // 5 requests queued (3 others, 2 own): each waits 0.4 s × 1.5 longer behind this one.
         assert_eq!((p.queue_depth_requests, p.requests_behind), (5, 5));
         assert!(close(p.marginal_delay_s, 0.6));
         assert!(close(p.queue_cost_s, 3.0));
-        assert!(close(p.selection_cost_s, raw + 0.09 + 3.0));
+        assert!(close(p.selection_cost_s, raw + 0.4105 * 0.2 + 3.0));
         assert!(p.signals_fresh);
         let w = p.reported_waiting.unwrap();
-        assert!(w.used && close(w.age_s, 0.2));
+        assert!(w.used && close(w.age_s, 0.05));
     }
 
     #[test]
@@ -633,10 +660,12 @@ mod tests {
             mean_service_s: None,
         };
         let cfg = PredictConfig::default();
-        let p = predict(&view, 8_000, None, t(1.2), &cfg);
+        let p = predict(&view, 8_000, None, t(1.05), &cfg);
         assert!(close(p.others_prefilling_tokens, 2_625.0));
-        // Own 1,500 + 3 others waiting × 1,000 + 2,625 prefilling.
-        assert!(close(p.queued_prefill_tokens, 1_500.0 + 3_000.0 + 2_625.0));
+        // Own 1,500 + 3 others waiting × 1,000 + 2,625 prefilling, less the 500 tokens prefilled
+        // in the 50 ms since the scrape.
+        assert!(close(p.others_queued_tokens, 3_000.0 + 2_625.0 - 500.0));
+        assert!(close(p.queued_prefill_tokens, 1_500.0 + 5_125.0));
         // Off, or past the freshness budget: not counted.
         let off = PredictConfig {
             prefilling_remaining_fraction: 0.0,
@@ -671,10 +700,10 @@ mod tests {
         let cfg = PredictConfig::default();
         let cached = |c| Some((c, PrefixSource::Approximate));
         // 4,000 new tokens after 4,000 cached: 4,000 × 4,000 + 4,000² / 2 = 24e6 pairs = 24 ms.
-        let p = predict(&view, 8_000, cached(4_000), t(1.2), &cfg);
+        let p = predict(&view, 8_000, cached(4_000), t(1.05), &cfg);
         assert!(close(p.attention_s, 0.024));
         assert!(close(p.prefill_s, 0.4));
-        let raw = 0.45 + (0.4 + 0.024 + 0.042) * 1.5 + 0.01;
+        let raw = 0.4105 + (0.4 + 0.024 + 0.021) * 1.5 + 0.01;
         assert!(close(p.raw_ttft_s, raw));
         assert!(close(p.marginal_delay_s, (0.4 + 0.024) * 1.5));
         // Twice the new tokens with nothing cached: 8,000² / 2 = 32e6 pairs, and the linear part
@@ -720,22 +749,22 @@ mod tests {
             &view,
             8_000,
             Some((4_000, PrefixSource::Approximate)),
-            t(1.2),
+            t(1.05),
             &PredictConfig::default(),
         );
         // Free: 5 % of 16,000 = 800 tokens; each of the 10 running requests holds 1,520.
         assert!(close(p.kv_free_tokens.unwrap(), 800.0));
-        // 4,500 queued + 4,000 own − 800 free = 7,700 tokens short: ceil(7,700 / 1,520) = 6
+        // 4,000 queued + 4,000 own − 800 free = 7,200 tokens short: ceil(7,200 / 1,520) = 5
         // completions, which come every 20 s / 10 running = 2 s.
-        assert_eq!(p.completions_ahead, 6);
+        assert_eq!(p.completions_ahead, 5);
         assert!(close(p.service_s, 20.0));
-        assert!(close(p.capacity_wait_s, 12.0));
-        assert!(p.capacity_bound && close(p.wait_s, 12.0));
+        assert!(close(p.capacity_wait_s, 10.0));
+        assert!(p.capacity_bound && close(p.wait_s, 10.0 + 0.0105));
         // Capacity-bound: the shortage is the wait itself, so the KV factor is 1.
         assert!(close(p.kv_pressure_factor, 1.0));
-        let raw = 12.0 + 0.4 + 0.042 + 0.01;
+        let raw = 10.0105 + 0.4 + 0.021 + 0.01;
         assert!(close(p.raw_ttft_s, raw));
-        assert!(close(p.predicted_ttft_s, raw + 12.0 * 0.2));
+        assert!(close(p.predicted_ttft_s, raw + 10.0105 * 0.2));
         // Every request admitted while this one holds its 4,000 tokens (as many as are running,
         // 10) waits 4,000 / 1,520 completions × 2 s longer.
         assert_eq!(p.requests_behind, 10);
@@ -824,8 +853,11 @@ mod tests {
         assert_eq!(p.other_waiting_requests, 0);
         assert_eq!(p.running_seqs, 0);
         assert!(close(p.kv_pressure_factor, 1.0));
-        assert!(close(p.queued_prefill_tokens, 1_500.0));
-        assert!(close(p.raw_ttft_s, 0.15 + 0.4 + 0.01));
+        // The own requests are past their predicted first token (0.6 s after dispatch at 0.9)
+        // without one: half their tokens are counted as still to prefill.
+        assert!(close(p.queued_prefill_tokens, 750.0));
+        // 75 ms of queue, half a 20 ms step in progress, the prefill, one step, the overhead.
+        assert!(close(p.raw_ttft_s, 0.075 + 0.01 + 0.4 + 0.02 + 0.01));
         // Only own requests are known to queue: 2, each 0.4 s longer behind this one.
         assert_eq!(p.requests_behind, 2);
         assert!(close(p.queue_cost_s, 0.8));
@@ -856,8 +888,9 @@ mod tests {
         );
         assert_eq!((p.cached_tokens, p.uncached_tokens), (999, 1));
         assert!(close(p.correction, 4.0));
-        // Nothing queued: the correction (of the wait) changes nothing.
-        assert!(close(p.predicted_ttft_s, 0.0001 + 0.01));
+        // Nothing queued: the correction (of the wait) changes nothing; one 20 ms step carries
+        // the last token's prefill.
+        assert!(close(p.predicted_ttft_s, 0.0001 + 0.02 + 0.01));
         assert!(close(p.selection_cost_s, p.predicted_ttft_s));
         assert!(!p.signals_fresh);
     }

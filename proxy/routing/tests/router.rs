@@ -421,14 +421,14 @@ fn correction_of_the_wait_rises_at_once_on_a_slow_first_token_then_decays_toward
         &mut ChaCha8Rng::seed_from_u64(0),
     );
     let p = &d.chosen().unwrap().prediction;
-    // Wait: 2 × the 1,000-token mean prompt / 10,000 tok/s; then 1,000 tokens of prefill and
-    // 10 ms of overhead.
-    assert!(close(p.wait_s, 0.2));
+    // Wait: 2 × the 1,000-token mean prompt / 10,000 tok/s, and half of the 20 ms step in
+    // progress; then 1,000 tokens of prefill, the step that carries them and 10 ms of overhead.
+    assert!(close(p.wait_s, 0.21));
     let raw = p.raw_ttft_s;
-    assert!(close(raw, 0.2 + 0.1 + 0.01));
+    assert!(close(raw, 0.21 + 0.1 + 0.02 + 0.01));
     let h = r.dispatch(&d, &blocks, t(1.0)).unwrap();
     // The first token comes after 3× the predicted wait (and the predicted rest).
-    let at = t(1.0 + 3.0 * 0.2 + 0.11);
+    let at = t(1.0 + 3.0 * 0.21 + 0.13);
     r.first_token(h, at).unwrap();
     assert!(close(r.correction(&e0, at).unwrap(), 3.0));
     // A TTFT dominated by a wait says nothing about the prefill rate: still the prior.
@@ -480,8 +480,9 @@ fn prefill_rate_is_learned_from_first_tokens() {
         &mut ChaCha8Rng::seed_from_u64(0),
     );
     let h = r.dispatch(&d, &blocks, t(1.0)).unwrap();
-    // 4,000 uncached tokens arrive after 0.81 s: 0.8 s of prefill after 10 ms overhead = 5,000 tok/s.
-    r.first_token(h, t(1.81)).unwrap();
+    // 4,000 uncached tokens arrive after 0.83 s: 0.8 s of prefill after one 20 ms step's own
+    // cost and 10 ms overhead = 5,000 tok/s.
+    r.first_token(h, t(1.83)).unwrap();
     assert!(close(
         r.prefill_tokens_per_second(&e0).unwrap(),
         10_000.0 + 0.2 * (5_000.0 - 10_000.0)
@@ -602,7 +603,7 @@ fn queue_cost_keeps_a_prefix_where_it_is_cached_when_queues_form() {
         &mut ChaCha8Rng::seed_from_u64(0),
     );
     let h = r.dispatch(&d, &first, t(1.0)).unwrap();
-    r.first_token(h, t(1.81)).unwrap();
+    r.first_token(h, t(1.83)).unwrap();
     r.complete_at(h, t(5.0)).unwrap();
     r.set_ready(&e1, true).unwrap();
     // Mean prompt: 1,000 + 0.05 × (8,000 − 1,000).
@@ -620,10 +621,12 @@ fn queue_cost_keeps_a_prefix_where_it_is_cached_when_queues_form() {
     let p0 = &d.candidates[0].prediction;
     let p1 = &d.candidates[1].prediction;
     assert_eq!((p0.cached_tokens, p1.cached_tokens), (6_000, 0));
-    // e0: 7 × 1,350 queued tokens (0.945 s) + 2,000 uncached (0.2 s) + 10 ms;
-    // e1: 2 × 1,350 (0.27 s) + 8,000 (0.8 s) + 10 ms. e1 would answer this request first...
-    assert!(close(p0.predicted_ttft_s, 0.945 + 0.2 + 0.01));
-    assert!(close(p1.predicted_ttft_s, 0.27 + 0.8 + 0.01));
+    // e0: 7 × 1,350 queued tokens (0.945 s) + half a 20 ms step in progress + 2,000 uncached
+    // (0.2 s) + the 2 steps of 8,192 tokens that carry it all (40 ms) + 10 ms;
+    // e1: 2 × 1,350 (0.27 s) + 10 ms + 8,000 (0.8 s) + 2 steps + 10 ms. e1 would answer this
+    // request first...
+    assert!(close(p0.predicted_ttft_s, 0.945 + 0.01 + 0.2 + 0.04 + 0.01));
+    assert!(close(p1.predicted_ttft_s, 0.27 + 0.01 + 0.8 + 0.04 + 0.01));
     // ...but its 0.8 s prefill delays the 2 behind it, where e0's 0.2 s delays 7.
     assert!(close(p0.queue_cost_s, 7.0 * 0.2));
     assert!(close(p1.queue_cost_s, 2.0 * 0.8));
@@ -647,7 +650,7 @@ fn queue_cost_keeps_a_prefix_where_it_is_cached_when_queues_form() {
         &mut ChaCha8Rng::seed_from_u64(0),
     );
     let h = plain.dispatch(&d, &first, t(1.0)).unwrap();
-    plain.first_token(h, t(1.81)).unwrap();
+    plain.first_token(h, t(1.83)).unwrap();
     plain.complete_at(h, t(5.0)).unwrap();
     plain.set_ready(&e1, true).unwrap();
     scrape(&mut plain, &e0, t(6.0), 7, 0, 0.1);
@@ -677,20 +680,20 @@ fn completions_teach_the_service_time_that_paces_a_full_cache() {
     };
     assert_eq!(r.service_s(&e0), None);
     // Decodes for 12 s, then 22 s: the mean is 12 + 0.2 × (22 − 12) = 14 s.
-    // (Each first token takes the predicted 0.11 s, so the prefill rate stays at the prior.)
+    // (Each first token takes the predicted 0.13 s, so the prefill rate stays at the prior.)
     let h = send(&mut r, 1.0);
-    r.first_token(h, t(1.11)).unwrap();
-    r.complete_at(h, t(13.11)).unwrap();
+    r.first_token(h, t(1.13)).unwrap();
+    r.complete_at(h, t(13.13)).unwrap();
     assert_eq!(r.service_s(&e0), Some(12.0));
     let h = send(&mut r, 20.0);
-    r.first_token(h, t(20.11)).unwrap();
-    r.complete_at(h, t(42.11)).unwrap();
+    r.first_token(h, t(20.13)).unwrap();
+    r.complete_at(h, t(42.13)).unwrap();
     assert!(close(r.service_s(&e0).unwrap(), 14.0));
     // Failing before the first token, or completing without a time, teaches nothing.
     let h = send(&mut r, 50.0);
     r.complete_at(h, t(51.0)).unwrap();
     let h = send(&mut r, 52.0);
-    r.first_token(h, t(52.11)).unwrap();
+    r.first_token(h, t(52.13)).unwrap();
     r.complete(h).unwrap();
     assert!(close(r.prefill_tokens_per_second(&e0).unwrap(), 10_000.0));
     assert!(close(r.service_s(&e0).unwrap(), 14.0));
@@ -922,11 +925,12 @@ fn a_substitute_model_wins_only_when_clearly_faster() {
         r.set_model_prior(QWEN.into(), prior());
         r.decide(
             &request(glm, &cands, 500, &blocks),
-            t(1.1),
+            t(1.0),
             &mut ChaCha8Rng::seed_from_u64(0),
         )
     };
-    // One request queued at glm: qwen would answer 0.1 s sooner (0.06 s against 0.16 s)...
+    // One request queued at glm: qwen would answer 0.11 s sooner (0.08 s against 0.19 s: the
+    // queued request and half a step in progress)...
     let d = run(1);
     let q = d
         .candidates

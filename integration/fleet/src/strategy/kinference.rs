@@ -56,7 +56,7 @@ pub fn prior_of(info: &ReplicaInfo) -> ModelPrior {
         time_per_output_token_s: c.step_overhead_s,
         decode_step_per_seq_s: c.decode_seq_s,
         max_num_batched_tokens: info.max_num_batched_tokens,
-        overhead_s: c.step_overhead_s,
+        overhead_s: 0.0,
         prefill_attention_pair_s: c.prefill_attention_pair_s,
     }
 }
@@ -146,6 +146,7 @@ impl Router for Kinference {
             Some(replica) => Pick {
                 replica,
                 predicted_ttft_s: decision.predicted_ttft_s(),
+                prediction: decision.chosen().map(|c| Box::new(c.prediction.clone())),
             },
             // The core found nothing to choose (cannot happen with ready candidates): spread at
             // random rather than drop the request.
