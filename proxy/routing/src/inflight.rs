@@ -91,31 +91,6 @@ impl InFlight {
         self.queued_prefill_tokens
     }
 
-    /// Uncached prompt tokens of own requests still waiting for their first token that are left
-    /// to prefill at `now`, by the schedule predicted at dispatch: all of a request's tokens until
-    /// its predicted wait is over, then a share falling linearly to none at its predicted first
-    /// token. A request past that without a first token counts `overdue_fraction` of its tokens
-    /// (its prediction was wrong, so how far it got is unknown).
-    pub fn remaining_prefill_tokens_at(&self, now: Time, overdue_fraction: f64) -> f64 {
-        self.requests
-            .iter()
-            .filter(|r| r.first_token_at.is_none())
-            .map(|r| {
-                let elapsed = now.saturating_since(r.dispatched_at).as_secs_f64();
-                let start = r.predicted_wait_s.max(0.0);
-                let end = r.predicted_raw_ttft_s.max(start);
-                let fraction = if elapsed <= start {
-                    1.0
-                } else if elapsed >= end {
-                    overdue_fraction
-                } else {
-                    ((end - elapsed) / (end - start)).max(overdue_fraction)
-                };
-                f64::from(r.uncached_tokens) * fraction.clamp(0.0, 1.0)
-            })
-            .sum()
-    }
-
     /// Own requests still waiting for their first token.
     pub fn awaiting_first_token(&self) -> u32 {
         self.awaiting_first_token
@@ -223,24 +198,5 @@ mod tests {
         // At 1.5 s: request 1 decoding, request 2 waiting.
         assert_eq!(f.awaiting_first_token_as_of(Time::from_secs_f64(1.5)), 1);
         assert_eq!(f.decoding_as_of(Time::from_secs_f64(1.5)), 1);
-    }
-
-    #[test]
-    fn remaining_work_follows_the_schedule_predicted_at_dispatch() {
-        let mut f = InFlight::default();
-        // Predicted to wait 0.2 s, then prefill 1,000 tokens until its first token at 0.6 s.
-        f.dispatch(InFlightRequest {
-            predicted_wait_s: 0.2,
-            predicted_raw_ttft_s: 0.6,
-            ..req(1, 1.0, 1_000)
-        });
-        let at = |f: &InFlight, s: f64| f.remaining_prefill_tokens_at(Time::from_secs_f64(s), 0.25);
-        assert_eq!(at(&f, 1.0), 1_000.0); // just sent
-        assert_eq!(at(&f, 1.2), 1_000.0); // still waiting its turn
-        assert!((at(&f, 1.4) - 500.0).abs() < 1e-9); // half-way through its prefill
-        assert!((at(&f, 1.55) - 250.0).abs() < 1e-9); // the overdue floor from here on
-        assert!((at(&f, 9.0) - 250.0).abs() < 1e-9);
-        f.first_token(1, Time::from_secs_f64(1.7));
-        assert_eq!(at(&f, 1.7), 0.0);
     }
 }

@@ -82,9 +82,6 @@ pub struct PredictConfig {
     /// proxy's own, discounted by the hit fraction) still left when a request arrives: the
     /// expected remainder of work that is known to be there. 0 ignores it.
     pub prefilling_remaining_fraction: f64,
-    /// Share of an own request's uncached tokens counted as still queued once it is past its
-    /// predicted first token without one (its prediction was wrong; how far it got is unknown).
-    pub overdue_remaining_fraction: f64,
     /// Weight of the duplicate-prefix cost in the selection cost: the prompt tokens another
     /// candidate of the same model has cached but this one would prefill again are charged once
     /// more at this endpoint's rate (`miss_cost_s = weight × duplicate_tokens / rate`), for the
@@ -110,7 +107,6 @@ impl Default for PredictConfig {
             service_alpha: 0.2,
             queue_cost_weight: 1.0,
             prefilling_remaining_fraction: 0.5,
-            overdue_remaining_fraction: 0.5,
             miss_cost_weight: 3.0,
         }
     }
@@ -244,9 +240,7 @@ pub struct Prediction {
     pub cached_tokens: u32,
     pub uncached_tokens: u32,
     pub prefix_source: Option<PrefixSource>,
-    /// Uncached tokens of own requests awaiting a first token still left to prefill now, by the
-    /// schedule predicted at their dispatch.
-    pub own_queued_prefill_tokens: f64,
+    pub own_queued_prefill_tokens: u64,
     pub own_awaiting_first_token: u32,
     pub own_decoding: u32,
     pub reported_waiting: Option<SignalInput>,
@@ -356,7 +350,7 @@ pub fn predict(
     };
     let hit_fraction = s.prefix_hit_fraction.map_or(0.0, |o| o.value);
     let other_request_tokens = view.mean_prompt_tokens.max(0.0) * (1.0 - hit_fraction);
-    let own_queued = own.remaining_prefill_tokens_at(now, config.overdue_remaining_fraction);
+    let own_queued = own.queued_prefill_tokens();
     let rate = view.prefill_tokens_per_second.max(1.0);
     let others_prefilling_tokens = match s.prefilling_tokens {
         Some(o) if o.is_fresh(now, budget) => {
@@ -376,7 +370,7 @@ pub fn predict(
         .filter(|o| o.is_fresh(now, budget))
         .map_or(0.0, |o| o.age(now).as_secs_f64());
     let others_queued_tokens = (others_at_scrape - scrape_age_s * rate).max(0.0);
-    let queued_prefill_tokens = own_queued + others_queued_tokens;
+    let queued_prefill_tokens = own_queued as f64 + others_queued_tokens;
 
     let reported_running = s
         .num_requests_running
@@ -574,9 +568,8 @@ mod tests {
                 first_token_at: None,
                 predicted_non_prefill_s: 0.0,
                 kv_pressure_factor: 1.0,
-                // Predicted to start prefilling 0.5 s after dispatch: still queued in full.
-                predicted_raw_ttft_s: 0.6,
-                predicted_wait_s: 0.5,
+                predicted_raw_ttft_s: 0.1,
+                predicted_wait_s: 0.0,
                 teaches_rate: true,
             });
         }
@@ -613,7 +606,7 @@ mod tests {
         assert_eq!((p.cached_tokens, p.uncached_tokens), (4_000, 4_000));
         assert_eq!(p.other_waiting_requests, 3); // 5 reported − 2 own counted in that scrape
         assert!(close(p.other_request_tokens, 1_000.0));
-        assert!(close(p.own_queued_prefill_tokens, 1_500.0));
+        assert_eq!(p.own_queued_prefill_tokens, 1_500);
         // 3,000 tokens of others' at the scrape, 0.05 s × 10,000 tokens/s of it done since.
         assert!(close(p.others_queued_tokens, 2_500.0));
         assert!(close(p.queued_prefill_tokens, 4_000.0));
@@ -853,11 +846,10 @@ mod tests {
         assert_eq!(p.other_waiting_requests, 0);
         assert_eq!(p.running_seqs, 0);
         assert!(close(p.kv_pressure_factor, 1.0));
-        // The own requests are past their predicted first token (0.6 s after dispatch at 0.9)
-        // without one: half their tokens are counted as still to prefill.
-        assert!(close(p.queued_prefill_tokens, 750.0));
-        // 75 ms of queue, half a 20 ms step in progress, the prefill, one step, the overhead.
-        assert!(close(p.raw_ttft_s, 0.075 + 0.01 + 0.4 + 0.02 + 0.01));
+        assert!(close(p.queued_prefill_tokens, 1_500.0));
+        // 0.15 s of own queue, half a 20 ms step in progress, the prefill, one step (5,500 tokens
+        // fit in one), the overhead.
+        assert!(close(p.raw_ttft_s, 0.15 + 0.01 + 0.4 + 0.02 + 0.01));
         // Only own requests are known to queue: 2, each 0.4 s longer behind this one.
         assert_eq!(p.requests_behind, 2);
         assert!(close(p.queue_cost_s, 0.8));
