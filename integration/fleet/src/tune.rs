@@ -20,7 +20,7 @@ pub enum TuneError {
 }
 
 const KNOWN: &str = "affinity_slack, affinity_kv_floor, affinity_key_tokens, miss_cost_weight, \
-                     queue_cost_weight, prefilling_remaining_fraction, substitute_margin, tie_window_s";
+                     queue_cost_weight, prefilling_remaining_fraction, rate_alpha, substitute_margin, tie_window_s";
 
 /// Applies one `name=value` setting to `config`.
 pub fn apply(config: &mut RouterConfig, setting: &str) -> Result<(), TuneError> {
@@ -43,6 +43,7 @@ pub fn apply(config: &mut RouterConfig, setting: &str) -> Result<(), TuneError> 
         "miss_cost_weight" => config.predict.miss_cost_weight = v,
         "queue_cost_weight" => config.predict.queue_cost_weight = v,
         "prefilling_remaining_fraction" => config.predict.prefilling_remaining_fraction = v,
+        "rate_alpha" => config.predict.rate_alpha = v,
         "substitute_margin" => config.substitute_margin = v,
         "tie_window_s" => config.tie_window = Duration::from_secs_f64(v),
         _ => return Err(TuneError::Unknown(name.to_string())),
