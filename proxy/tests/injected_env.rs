@@ -6,7 +6,7 @@
 use kinference_policy_admission::inject::{self, Decision};
 use kinference_proxy::Config;
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 /// The chart's default proxy config, as the injector's tests use it.
 const CONFIG_JSON: &str =
@@ -73,9 +73,15 @@ fn deployment_pod() -> Value {
 
 #[test]
 fn every_variable_the_injector_sets_is_read_by_the_proxy() {
-    for annotations in [
-        &[][..],
-        &[("kinference.io/proxy-log-level", "info,kinference=debug")][..],
+    for (annotations, idle_timeout) in [
+        (&[][..], Duration::from_secs(600)),
+        (
+            &[
+                ("kinference.io/proxy-log-level", "info,kinference=debug"),
+                ("kinference.io/proxy-target-idle-timeout", "90s"),
+            ][..],
+            Duration::from_secs(90),
+        ),
     ] {
         let env = proxy_env(&injected(deployment_pod(), annotations));
         assert!(
@@ -106,6 +112,8 @@ fn every_variable_the_injector_sets_is_read_by_the_proxy() {
             config.service_account.as_deref(),
             Some("sample-spec-serviceAccountName")
         );
+        // The chart's idle timeout of redirected targets, or the pod's annotation.
+        assert_eq!(config.target_idle_timeout(), idle_timeout);
         // The injector sets no target: direct use goes to the documented default, and
         // redirected connections are looked up by their original destination.
         assert_eq!(config.target, "llm.default.svc.cluster.local:8000");

@@ -301,6 +301,7 @@ impl Context<'_> {
             "logLevel": p.log_level,
             "ports": p.ports,
             "resources": p.resources,
+            "targetIdleTimeout": p.target_idle_timeout,
             "uid": p.uid,
         });
         sorted(config).to_string()

@@ -185,6 +185,8 @@ pub struct Proxy {
     pub ports: ProxyPorts,
     pub uid: i64,
     pub resources: ResourceRequirements,
+    /// `10m`: an integer and `ms`, `s`, `m` or `h`, as the schema's pattern says.
+    pub target_idle_timeout: String,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]

@@ -217,6 +217,9 @@ fn overrides(a: &BTreeMap<String, String>) -> Result<Overrides, AnnotationError>
             .map(|v| an::cidrs(an::SKIP_OUTBOUND_CIDRS, v))
             .transpose()?
             .unwrap_or_default(),
+        target_idle_timeout: get(an::PROXY_TARGET_IDLE_TIMEOUT)
+            .map(|v| an::duration(an::PROXY_TARGET_IDLE_TIMEOUT, v))
+            .transpose()?,
     })
 }
 

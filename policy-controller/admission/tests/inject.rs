@@ -440,11 +440,16 @@ async fn annotations_override_log_level_resources_and_interception() {
         "kinference.io/outbound-ports": "8000, 8443, 9000",
         "kinference.io/skip-outbound-ports": "9000",
         "kinference.io/skip-outbound-cidrs": "10.96.0.0/12,fd00::/8",
+        "kinference.io/proxy-target-idle-timeout": "90s",
     }));
     let patched = h.injected(&pod, "apps").await;
     let init = &patched["spec"]["initContainers"];
     let proxy = by_name(init, "kinference-proxy");
     assert_eq!(env(proxy)["RUST_LOG"], "info,kinference=debug");
+    assert_eq!(
+        env(proxy)["KINFERENCE_PROXY_TARGET_IDLE_TIMEOUT_MS"],
+        "90000"
+    );
     assert_eq!(
         proxy["resources"],
         json!({"requests": {"cpu": "250m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}})
@@ -463,6 +468,11 @@ async fn annotations_override_log_level_resources_and_interception() {
     assert_eq!(
         proxy["resources"],
         json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}})
+    );
+    // Without the annotation, the chart's `proxy.targetIdleTimeout` (10m).
+    assert_eq!(
+        env(proxy)["KINFERENCE_PROXY_TARGET_IDLE_TIMEOUT_MS"],
+        "600000"
     );
 }
 
@@ -489,6 +499,11 @@ async fn invalid_overrides_are_denied_with_the_annotation_named() {
             "kinference.io/inject",
             "yes",
             "expected enabled or disabled",
+        ),
+        (
+            "kinference.io/proxy-target-idle-timeout",
+            "600",
+            "has no unit",
         ),
     ] {
         let mut annotations = json!({"kinference.io/inject": "enabled"});

@@ -20,6 +20,9 @@ pub const OUTBOUND_PORTS: &str = "kinference.io/outbound-ports";
 pub const SKIP_OUTBOUND_PORTS: &str = "kinference.io/skip-outbound-ports";
 /// Comma-separated destination CIDRs never redirected.
 pub const SKIP_OUTBOUND_CIDRS: &str = "kinference.io/skip-outbound-cidrs";
+/// How long a redirected target's stack may stay without a connection before the proxy stops
+/// it (`--target-idle-timeout-ms`), as a duration: `90s`, `10m`, `1h`, `500ms`.
+pub const PROXY_TARGET_IDLE_TIMEOUT: &str = "kinference.io/proxy-target-idle-timeout";
 /// The label the chart puts on the control plane's own pods.
 pub const CONTROL_PLANE_COMPONENT: &str = "kinference.io/control-plane-component";
 
@@ -138,6 +141,41 @@ pub fn quantity(annotation: &'static str, value: &str) -> Result<String, Annotat
     Ok(v.to_string())
 }
 
+/// A positive duration written as an integer and a unit, `ms`, `s`, `m` or `h` (`500ms`, `90s`,
+/// `10m`, `1h`): the grammar of the chart's `proxy.targetIdleTimeout` and of the annotation.
+pub fn parse_duration(value: &str) -> Result<std::time::Duration, String> {
+    let v = value.trim();
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (number, unit) = v.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{value:?} is not a duration such as 90s, 10m or 1h"))?;
+    let ms_per_unit = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => {
+            return Err(format!(
+                "{value:?} has no unit: write ms, s, m or h (e.g. 10m)"
+            ));
+        }
+    };
+    let ms = n
+        .checked_mul(ms_per_unit)
+        .filter(|ms| *ms > 0)
+        .ok_or_else(|| format!("{value:?} must be more than 0 and at most u64 milliseconds"))?;
+    Ok(std::time::Duration::from_millis(ms))
+}
+
+/// [`parse_duration`], as an annotation's value.
+pub fn duration(
+    annotation: &'static str,
+    value: &str,
+) -> Result<std::time::Duration, AnnotationError> {
+    parse_duration(value).map_err(|reason| invalid(annotation, value, reason))
+}
+
 /// A tracing filter: non-empty, printable, no whitespace (it becomes `RUST_LOG`).
 pub fn log_level(value: &str) -> Result<String, AnnotationError> {
     let v = value.trim();
@@ -169,6 +207,42 @@ mod tests {
         );
         assert!(ports(OUTBOUND_PORTS, "0").is_err());
         assert!(ports(OUTBOUND_PORTS, "65536").is_err());
+    }
+
+    #[test]
+    fn durations_need_a_unit_and_must_be_positive() {
+        use std::time::Duration;
+        for (text, ms) in [
+            ("500ms", 500),
+            ("90s", 90_000),
+            (" 10m ", 600_000),
+            ("1h", 3_600_000),
+        ] {
+            assert_eq!(
+                parse_duration(text),
+                Ok(Duration::from_millis(ms)),
+                "{text}"
+            );
+        }
+        for bad in [
+            "",
+            "10",
+            "0s",
+            "1.5m",
+            "-1s",
+            "10 m",
+            "1d",
+            "m",
+            "18446744073709551615h",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+        let e = duration(PROXY_TARGET_IDLE_TIMEOUT, "10").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "annotation kinference.io/proxy-target-idle-timeout=\"10\" is invalid: \"10\" has no unit: \
+             write ms, s, m or h (e.g. 10m)"
+        );
     }
 
     #[test]

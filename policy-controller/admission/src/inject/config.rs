@@ -37,6 +37,35 @@ pub struct ProxyConfig {
     /// absent, it is 80 (a Service's usual port) and 8000 (vLLM's).
     #[serde(default = "default_outbound_ports")]
     pub outbound_ports: Vec<u16>,
+    /// How long the proxy keeps a redirected target's stack without a connection (`10m`); absent,
+    /// the proxy's own default (10 minutes). A pod's `kinference.io/proxy-target-idle-timeout`
+    /// overrides it.
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub target_idle_timeout: Option<std::time::Duration>,
+}
+
+/// `Option<Duration>` as the chart writes it: a string such as `10m` (see
+/// [`super::annotations::parse_duration`]).
+mod opt_duration {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_str(&format!("{}ms", d.as_millis())),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = Option::<String>::deserialize(d)?;
+        text.map(|t| super::super::annotations::parse_duration(&t).map_err(D::Error::custom))
+            .transpose()
+    }
 }
 
 /// The proxy's listening ports.

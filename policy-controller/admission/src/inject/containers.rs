@@ -31,6 +31,7 @@ pub struct Overrides {
     pub outbound_ports: Option<Vec<u16>>,
     pub skip_outbound_ports: Vec<u16>,
     pub skip_outbound_cidrs: Vec<String>,
+    pub target_idle_timeout: Option<std::time::Duration>,
 }
 
 /// Labels that name a revision or a run rather than the workload.
@@ -204,6 +205,12 @@ pub fn proxy(
         env.push(self::env(
             "KINFERENCE_PROXY_WORKLOAD_LABELS",
             workload_labels.join(","),
+        ));
+    }
+    if let Some(idle) = o.target_idle_timeout.or(config.target_idle_timeout) {
+        env.push(self::env(
+            "KINFERENCE_PROXY_TARGET_IDLE_TIMEOUT_MS",
+            idle.as_millis().to_string(),
         ));
     }
     Container {
