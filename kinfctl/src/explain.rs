@@ -72,9 +72,11 @@ pub struct Args {
     #[arg(long, value_name = "URL", requires = "cluster")]
     api_server: Option<String>,
 
-    /// With --manifests or --cluster: the authority the application calls, e.g.
-    /// llm.default.svc.cluster.local:8000, whose policy applies (default: the only Service port
-    /// with a policy). A proxy explains its own target.
+    /// The target whose policy applies. With --manifests or --cluster: the authority the
+    /// application calls, e.g. llm.default.svc.cluster.local:8000 (default: the only Service port
+    /// with a policy). With --proxy: the proxy's default target (by that name) or a Service it
+    /// captured traffic for, by the `clusterIP:port` its `/debug/targets` lists (default: its
+    /// default target).
     #[arg(long)]
     target: Option<String>,
 
@@ -144,7 +146,7 @@ async fn explain_body(args: &Args, body: &serde_json::Value) -> anyhow::Result<s
     };
     let Some(declared) = declared else {
         let proxy = args.proxy.as_deref().unwrap_or_default();
-        let mut v = ask_proxy(&http, proxy, body, None).await?;
+        let mut v = ask_proxy(&http, proxy, body, None, args.target.as_deref()).await?;
         v["source"] = serde_json::json!({ "policy": format!("proxy {proxy}"), "predictions": format!("proxy {proxy}") });
         return Ok(v);
     };
@@ -170,7 +172,14 @@ async fn explain_body(args: &Args, body: &serde_json::Value) -> anyhow::Result<s
         return Ok(v);
     };
     if let Some(proxy) = &args.proxy {
-        let live = ask_proxy(&http, proxy, body, Some(&candidates.models)).await?;
+        let live = ask_proxy(
+            &http,
+            proxy,
+            body,
+            Some(&candidates.models),
+            args.target.as_deref(),
+        )
+        .await?;
         v["routing"] = live["routing"].clone();
         v["live_policy"] = live["policy"].clone();
     }
@@ -195,20 +204,25 @@ fn label_pairs(labels: &[String]) -> Vec<(String, String)> {
         .collect()
 }
 
-/// `POST /debug/explain` on the proxy's admin listener.
+/// `POST /debug/explain` on the proxy's admin listener, for its default target or `target`.
 async fn ask_proxy(
     http: &reqwest::Client,
     admin: &str,
     body: &serde_json::Value,
     models: Option<&[String]>,
+    target: Option<&str>,
 ) -> anyhow::Result<serde_json::Value> {
-    let mut url = format!("{}/debug/explain", admin.trim_end_matches('/'));
+    let url = format!("{}/debug/explain", admin.trim_end_matches('/'));
+    let mut query: Vec<(&str, String)> = Vec::new();
     if let Some(models) = models {
-        url.push_str("?models=");
-        url.push_str(&models.join(","));
+        query.push(("models", models.join(",")));
+    }
+    if let Some(target) = target {
+        query.push(("target", target.to_string()));
     }
     let rsp = http
         .post(&url)
+        .query(&query)
         .json(body)
         .send()
         .await

@@ -337,6 +337,39 @@ fn explain_shows_tags_candidates_predictions_and_a_choice_from_the_fleet() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("404") && err.contains("gpt-9"), "{err}");
+
+    // --target picks which of the proxy's targets is explained: its default target by name is
+    // what it explains without; a Service it holds no stack for is a clear error.
+    let default = "llm.default.svc.cluster.local:8000";
+    let v = explain_json(&[
+        "--proxy", &admin, "--target", default, "-m", "glm-5.3", "-p", HIGH,
+    ]);
+    assert_eq!(v["target"], default, "{v:#}");
+    assert!(
+        v["routing"]["order"]
+            .as_array()
+            .is_some_and(|o| !o.is_empty()),
+        "{v:#}"
+    );
+    let out = kinfctl(&[
+        "explain",
+        "--proxy",
+        &admin,
+        "--target",
+        "10.96.0.99:8000",
+        "-m",
+        "glm-5.3",
+        "-p",
+        HIGH,
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("404")
+            && err.contains("No inference target \"10.96.0.99:8000\"")
+            && err.contains("/debug/targets"),
+        "{err}"
+    );
 }
 
 fn write_messages() -> std::path::PathBuf {

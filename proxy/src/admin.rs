@@ -6,10 +6,13 @@
 //! ready proxy can route; `/metrics` is the OpenMetrics exposition;
 //! `/debug/endpoints`, `POST /debug/classify`, `POST /debug/explain` (a dry run of the whole
 //! decision, see [`explain`]), `/debug/discovery` (whether the controller's streams are up) and
-//! `/debug/decisions` explain signals, tags and decisions without showing prompt text. All of
-//! these are about the default target; `/debug/targets` lists it and every redirected inference
-//! target the sidecar holds a stack for (policy, endpoints, connections, idle time), since with
-//! traffic capture one sidecar routes for several Services.
+//! `/debug/decisions` explain signals, tags and decisions without showing prompt text.
+//! `/debug/targets` lists the default target and every redirected inference target the sidecar
+//! holds a stack for (policy, endpoints, connections, idle time), since with traffic capture one
+//! sidecar routes for several Services; `POST /debug/classify` and `POST /debug/explain` take
+//! `?target=ADDR` (a redirected Service's `clusterIP:port`, as `/debug/targets` names it) to
+//! explain that Service's policy, and the default target otherwise. The other views are about the
+//! default target (decision records name their target).
 
 pub mod explain;
 
@@ -50,8 +53,38 @@ fn text(status: StatusCode, body: String, content_type: &'static str) -> http::R
     rsp
 }
 
-/// What `/debug/targets` shows of the redirected targets (the app's, which holds them).
-pub type TargetsView = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+/// The redirected targets, as the admin server sees them (the app holds them).
+pub trait RedirectedTargets: Send + Sync {
+    /// What `/debug/targets` shows of them.
+    fn debug(&self) -> serde_json::Value;
+    /// The stack of the redirected target named `dst` (`clusterIP:port`), once it has started.
+    fn stack(&self, dst: &str) -> Option<Arc<Shared>>;
+}
+
+pub type TargetsView = Arc<dyn RedirectedTargets>;
+
+/// The value of query parameter `key` (percent-decoded), if the request has one.
+fn query_param(req: &http::Request<Incoming>, key: &str) -> Option<String> {
+    form_urlencoded::parse(req.uri().query()?.as_bytes())
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.into_owned())
+}
+
+/// The target a debug request is about: `?target=` names a redirected one (or the default one by
+/// its name); without it, the default target.
+fn chosen_target(
+    shared: Arc<Shared>,
+    targets: &TargetsView,
+    req: &http::Request<Incoming>,
+) -> Result<Arc<Shared>, ApiError> {
+    match query_param(req, "target") {
+        None => Ok(shared),
+        Some(t) if t == shared.target => Ok(shared),
+        Some(t) => targets
+            .stack(&t)
+            .ok_or_else(|| ApiError::unknown_target(&t)),
+    }
+}
 
 /// One target's state as `/debug/targets` shows it.
 pub fn target_state(target: &str, shared: &Shared) -> serde_json::Value {
@@ -99,26 +132,30 @@ pub async fn handle(
         ),
         "/debug/endpoints" if get => json(StatusCode::OK, &shared.balance.debug()),
         "/debug/decisions" if get => {
-            let id = req.uri().query().and_then(|q| {
-                q.split('&')
-                    .filter_map(|kv| kv.split_once('='))
-                    .find(|(k, _)| *k == "request_id")
-                    .map(|(_, v)| v.to_string())
-            });
+            let id = query_param(&req, "request_id");
             let records = shared.decisions.snapshot(id.as_deref());
             json(
                 StatusCode::OK,
                 &serde_json::to_value(&records).unwrap_or(serde_json::Value::Null),
             )
         }
-        "/debug/classify" if method == Method::POST => classify(shared, req).await,
-        "/debug/explain" if method == Method::POST => explain(shared, req).await,
+        "/debug/classify" | "/debug/explain" if method == Method::POST => {
+            let shared = match chosen_target(shared, &targets, &req) {
+                Ok(s) => s,
+                Err(e) => return json(e.status, &e.to_json()),
+            };
+            if path == "/debug/classify" {
+                classify(shared, req).await
+            } else {
+                explain(shared, req).await
+            }
+        }
         "/debug/discovery" if get => discovery(&shared),
         "/debug/targets" if get => json(
             StatusCode::OK,
             &serde_json::json!({
                 "default": target_state(&shared.target, &shared),
-                "redirected": targets(),
+                "redirected": targets.debug(),
             }),
         ),
         "/live" | "/ready" | "/metrics" | "/debug/endpoints" | "/debug/decisions"
@@ -191,6 +228,7 @@ async fn classify(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Re
     json(
         StatusCode::OK,
         &serde_json::json!({
+            "target": shared.target,
             "model": request.model,
             "explanation": explanation,
             "candidates": candidates,
@@ -202,16 +240,11 @@ async fn classify(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Re
 /// `POST /debug/explain[?models=a,b]` with a chat or completion body: tags, rules, candidates and
 /// the routing decision over them (or over `models`), made now and neither dispatched nor recorded.
 async fn explain(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Response<ProxyBody> {
-    let models: Option<Vec<String>> = req.uri().query().and_then(|q| {
-        q.split('&')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| *k == "models")
-            .map(|(_, v)| {
-                v.split(',')
-                    .filter(|m| !m.is_empty())
-                    .map(str::to_string)
-                    .collect()
-            })
+    let models: Option<Vec<String>> = query_param(&req, "models").map(|v| {
+        v.split(',')
+            .filter(|m| !m.is_empty())
+            .map(str::to_string)
+            .collect()
     });
     let request = match read_request(req).await {
         Ok(r) => r,
@@ -238,6 +271,7 @@ async fn explain(shared: Arc<Shared>, req: http::Request<Incoming>) -> http::Res
         return json(e.status, &e.to_json());
     }
     let mut v = serde_json::to_value(&out).unwrap_or(serde_json::Value::Null);
+    v["target"] = shared.target.clone().into();
     // Tags the policy declares that this proxy cannot compute (rules on them never match).
     v["unavailable_tags"] = serde_json::to_value(&set.unavailable).unwrap_or_default();
     json(StatusCode::OK, &v)

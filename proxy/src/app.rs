@@ -250,10 +250,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         connect_timeout: config.connect_timeout(),
         metrics: shared.metrics.clone(),
     });
-    let view: admin::TargetsView = {
-        let outbound = outbound.clone();
-        Arc::new(move || debug_targets(&outbound.targets))
-    };
+    let view: admin::TargetsView = Arc::new(AdminTargets(outbound.clone()));
     tokio::spawn(admin::serve(admin_listener, shared.clone(), view));
     tokio::spawn(evict_idle_targets(outbound.clone()));
     tokio::select! {
@@ -306,6 +303,26 @@ async fn evict_idle_targets(outbound: Arc<Outbound>) {
 }
 
 /// `/debug/targets`' list of redirected targets.
+/// The redirected targets as the admin server sees them.
+struct AdminTargets(Arc<server::Outbound<Target, ControllerResolve, SoOriginalDst>>);
+
+impl admin::RedirectedTargets for AdminTargets {
+    fn debug(&self) -> serde_json::Value {
+        debug_targets(&self.0.targets)
+    }
+
+    fn stack(&self, dst: &str) -> Option<Arc<Shared>> {
+        let dst: std::net::SocketAddr = dst.parse().ok()?;
+        self.0
+            .targets
+            .inference_targets()
+            .into_iter()
+            .find(|t| t.dst == dst)
+            .and_then(|t| t.stack)
+            .map(|stack| stack.shared)
+    }
+}
+
 fn debug_targets(targets: &Targets<Target, ControllerResolve>) -> serde_json::Value {
     let list: Vec<serde_json::Value> = targets
         .inference_targets()

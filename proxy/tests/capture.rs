@@ -693,6 +693,35 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
     // The redirected target's stack has discovery streams of its own.
     assert!(streams_open(&client, &controller_admin).await > baseline);
 
+    // `POST /debug/explain?target=` explains the redirected Service's own stack: its policy and
+    // its endpoints' live predictions. The address in the query is percent-encoded, as clients
+    // send it.
+    let explained: Value = client
+        .post(format!("{admin}/debug/explain"))
+        .query(&[("target", service.as_str())])
+        .body(chat_body())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(explained["target"], service.as_str(), "{explained}");
+    assert_eq!(
+        explained["policy"]["revision"], entry["policy"]["revision"],
+        "{explained}"
+    );
+    let order: Vec<&str> = explained["routing"]["order"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no routing in {explained}"))
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        !order.is_empty() && order.iter().all(|e| endpoints.contains(e)),
+        "{explained}"
+    );
+
     // Direct use: the proxy's own port is not redirected and serves the default target.
     let direct_id = format!("direct-{}", std::process::id());
     let rsp = app_chat(

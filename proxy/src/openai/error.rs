@@ -70,6 +70,20 @@ impl ApiError {
         .with_code("not_found")
     }
 
+    /// 404: an admin request named a target (`?target=`) the sidecar holds no stack for.
+    pub fn unknown_target(target: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!(
+                "No inference target {target:?} in this proxy: GET /debug/targets lists the default \
+                 target and the redirected ones it holds"
+            ),
+        )
+        .with_param("target")
+        .with_code("target_not_found")
+    }
+
     /// 405: the route exists with another method.
     pub fn method_not_allowed(method: &http::Method, path: &str) -> Self {
         Self::new(
