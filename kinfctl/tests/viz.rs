@@ -343,7 +343,10 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
         let cell = |k: &str| ms(&r[k]).unwrap();
         let (predicted, observed) = (cell("PROXY_PREDICTED"), cell("PROXY_OBSERVED"));
         let abs_error = cell("ABS_ERROR");
-        assert!(predicted > 0.0 && observed > 0.0 && abs_error > 0.0, "{r:?}");
+        assert!(
+            predicted > 0.0 && observed > 0.0 && abs_error > 0.0,
+            "{r:?}"
+        );
         // Over the same requests, mean |observed − predicted| lies between |mean observed − mean
         // predicted| and mean observed + mean predicted. Each mean is Prometheus's rate(sum) /
         // rate(count) over a handful of samples of series a few seconds old, and rate()
