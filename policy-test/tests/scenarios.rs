@@ -126,8 +126,8 @@ async fn serves_the_example_policy() -> anyhow::Result<()> {
     assert_eq!(backend.destination_path, GLM_PATH);
     assert_eq!(backend.pool.as_ref().unwrap().kind, "InferencePool");
     let prior = glm.prior.as_ref().unwrap();
-    assert_eq!(prior.prefill_tokens_per_second, 12_000.0);
-    assert!((prior.time_per_output_token_s - 0.030).abs() < 1e-12);
+    assert_eq!(prior.prefill_tokens_per_second, 25_000.0);
+    assert!((prior.time_per_output_token_s - 0.012).abs() < 1e-12);
     let price = glm.price.as_ref().unwrap();
     assert_eq!(
         (
