@@ -34,7 +34,7 @@ run *ARGS:
 
 # Run a simulated vLLM fleet on loopback: two glm-5.3 and two qwen-3.6-27b replicas.
 sim *ARGS:
-    cargo run --release -p kinference-vllm-sim --bin vllm-sim -- fleet --replicas glm-5.3=2,qwen-3.6-27b=2 --base-port 8001 {{ARGS}}
+    cargo run --release -p kinference-vllm-sim --bin vllm-sim -- fleet --replicas glm-5.3=2,qwen-3.6-27b=2 --base-port 8001 --enable-server-load-tracking {{ARGS}}
 
 # Run one simulated replica.
 sim-one PROFILE="qwen-3.6-27b" PORT="8001" *ARGS:

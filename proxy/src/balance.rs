@@ -636,6 +636,7 @@ impl Balance {
                         "kv_cache_usage": s.kv_cache_usage.map(|o| serde_json::json!({"value": o.value, "age_s": age(o.at)})),
                         "prefix_hit_fraction": s.prefix_hit_fraction.map(|o| serde_json::json!({"value": o.value, "age_s": age(o.at)})),
                         "cache_config": s.cache_config.map(|o| serde_json::json!({"block_size_tokens": o.value.block_size_tokens, "num_gpu_blocks": o.value.num_gpu_blocks, "age_s": age(o.at)})),
+                        "server_load": s.server_load.map(|o| serde_json::json!({"value": o.value, "age_s": age(o.at)})),
                     },
                     "own_pending_requests": inflight.map(|i| i.pending()),
                     "prefill_tokens_per_second": inner.router.prefill_tokens_per_second(&e.id),

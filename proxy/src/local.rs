@@ -227,7 +227,9 @@ fn spawn_sim_on(
     cmd.args(["serve", "--profile", profile, "--port"])
         .arg(port.to_string())
         .arg("--time-scale")
-        .arg(time_scale.to_string());
+        .arg(time_scale.to_string())
+        // As a platform team would run vLLM: `GET /load` counts requests on arrival.
+        .arg("--enable-server-load-tracking");
     let kv_events_port = kv_events.then(|| port + KV_EVENTS_PORT_OFFSET);
     if let Some(kv) = kv_events_port {
         cmd.arg("--kv-events-endpoint").arg(format!("tcp://*:{kv}"));

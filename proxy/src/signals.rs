@@ -5,7 +5,11 @@
 //! configuration, fresh. A task per endpoint scrapes its `/metrics` on an interval (each scrape
 //! within a timeout) and hands the result, stamped with the time it was taken, to the router. The
 //! set of tasks follows the endpoint set; a failed scrape is counted and simply leaves the signals
-//! to age, which is what makes the balancer fall back.
+//! to age, which is what makes the balancer fall back. With each scrape it polls vLLM's
+//! `GET /load` (requests the API server holds, counted on arrival with
+//! `--enable-server-load-tracking`): the scheduler's gauges change only when an engine step ends,
+//! so during a long prefill step they miss what other proxies sent meanwhile, and `/load` does not.
+//! An endpoint that answers 404 is not asked again.
 //!
 //! Where the policy says a pool's endpoints publish vLLM KV events, a second task per endpoint
 //! subscribes to its ZMQ publisher and applies each batch to the router's precise prefix index.
@@ -18,7 +22,7 @@ use crate::{
     metrics::{KvErrorLabels, Metrics, PoolLabels},
 };
 use kinference_proxy_signals::{
-    KvEventError, KvEventsConfig, Scraper, VllmMetrics, subscribe_kv_events_with,
+    KvEventError, KvEventsConfig, ScrapeError, Scraper, VllmMetrics, subscribe_kv_events_with,
 };
 use kinference_routing::{
     EndpointId, Scrape,
@@ -60,6 +64,7 @@ pub fn to_scrape(m: &VllmMetrics) -> Scrape {
             }),
             _ => None,
         },
+        server_load: None,
     }
 }
 
@@ -185,18 +190,46 @@ async fn scrape_loop(
     endpoint: EndpointInfo,
     interval: Duration,
 ) {
-    let Ok(url) = format!("http://{}/metrics", endpoint.addr).parse::<http::Uri>() else {
+    let (Ok(url), Ok(load_url)) = (
+        format!("http://{}/metrics", endpoint.addr).parse::<http::Uri>(),
+        format!("http://{}/load", endpoint.addr).parse::<http::Uri>(),
+    ) else {
         return;
     };
+    // vLLM's `GET /load` is polled with every scrape until the endpoint says it has no such route.
+    let mut poll_load = true;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let started = Instant::now();
-        match scraper.scrape(&url).await {
+        let (scraped, load) = if poll_load {
+            let (m, l) = tokio::join!(scraper.scrape(&url), scraper.server_load(&load_url));
+            (m, Some(l))
+        } else {
+            (scraper.scrape(&url).await, None)
+        };
+        let server_load = match load {
+            Some(Ok(n)) => Some(n),
+            Some(Err(ScrapeError::Status { status, .. }))
+                if status == http::StatusCode::NOT_FOUND =>
+            {
+                tracing::debug!(endpoint = %endpoint.id, "no GET /load: routing on the scheduler's gauges alone");
+                poll_load = false;
+                None
+            }
+            Some(Err(error)) => {
+                tracing::debug!(endpoint = %endpoint.id, %error, "GET /load failed");
+                None
+            }
+            None => None,
+        };
+        match scraped {
             Ok(m) => {
                 // Stamped with when the scrape was sent: the values are at least that old.
-                balance.observe_scrape(&endpoint.id, &to_scrape(&m), balance.time_of(started));
+                let mut scrape = to_scrape(&m);
+                scrape.server_load = server_load;
+                balance.observe_scrape(&endpoint.id, &scrape, balance.time_of(started));
             }
             Err(error) => {
                 metrics

@@ -1,5 +1,6 @@
 //! The proxy's signals over real processes: vLLM KV events from simulated replicas feeding the
-//! precise prefix index, and first-token feedback from non-stream responses.
+//! precise prefix index, first-token feedback from non-stream responses, and vLLM's `GET /load`
+//! (the replicas run with `--enable-server-load-tracking`) counting another client's stream.
 //!
 //! Two `vllm-sim` replicas of glm-5.3 publish KV events on their serving port + 1; the
 //! controller serves the example policy with the glm-5.3 InferencePool annotated
@@ -43,7 +44,8 @@ fn spawn_sim() -> Sim {
     let port = free_port_pair();
     let mut cmd = Command::new(bin);
     cmd.args(["serve", "--profile", MODEL, "--port", &port.to_string()])
-        .args(["--kv-events-endpoint", &format!("tcp://*:{}", port + 1)]);
+        .args(["--kv-events-endpoint", &format!("tcp://*:{}", port + 1)])
+        .arg("--enable-server-load-tracking");
     let (proc, line) =
         Proc::spawn(MODEL, cmd, "listening on ", Duration::from_secs(60), true).unwrap();
     assert!(line.contains(&format!(":{port}")), "{line}");
@@ -400,4 +402,53 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
             .contains(r#"kinference_proxy_kv_event_batches_total{pool="glm-5.3",model="glm-5.3"}"#),
         "{metrics}"
     );
+
+    // Another client's stream, sent straight to one replica (as another proxy would): the
+    // proxy's poll of vLLM's `GET /load` sees it, and the next decision's prediction for that
+    // endpoint carries it.
+    let busy = &ids[0];
+    let mut stream = env
+        .http
+        .post(format!("http://{busy}/v1/chat/completions"))
+        .json(&json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "a long answer, please"}],
+            "max_tokens": 2_000,
+            "stream": true,
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    assert!(stream.chunk().await.unwrap().is_some());
+    wait_until(
+        "the proxy's GET /load poll counts the other client's stream",
+        Duration::from_secs(20),
+        || async {
+            let e = env.endpoint(busy).await;
+            (e["signals"]["server_load"]["value"] == 1).then_some(())
+        },
+    )
+    .await;
+    env.chat("Say hello again.", "load-0").await;
+    let record = env.decision("load-0").await;
+    let candidate = record["decision"]["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["endpoint"] == busy.as_str())
+        .expect("the busy replica is a candidate");
+    let load = &candidate["prediction"]["server_load"];
+    assert_eq!(load["value"], 1.0, "{record}");
+    assert_eq!(load["used"], true, "{record}");
+    drop(stream);
+    wait_until(
+        "the stream leaves the replica's load once cut",
+        Duration::from_secs(20),
+        || async {
+            let e = env.endpoint(busy).await;
+            (e["signals"]["server_load"]["value"] == 0).then_some(())
+        },
+    )
+    .await;
 }

@@ -30,6 +30,9 @@ pub struct RunConfig {
     /// KV events reach the sidecars this long after the step that produced them.
     pub kv_event_delay: Duration,
     pub seed: u64,
+    /// Whether the replicas answer vLLM's `GET /load` (`--enable-server-load-tracking`), polled
+    /// with every scrape. Only strategies that read it (Kinference) see a difference.
+    pub server_load: bool,
     /// The routing core's settings for the Kinference strategy (its defaults unless a sweep
     /// overrides them with `--kinference-set`).
     pub kinference: kinference_routing::RouterConfig,
@@ -42,6 +45,7 @@ impl Default for RunConfig {
             scrape_interval: Duration::from_millis(50),
             kv_event_delay: Duration::from_millis(10),
             seed: 1,
+            server_load: true,
             kinference: kinference_routing::RouterConfig::default(),
         }
     }
@@ -153,6 +157,8 @@ pub fn run_cell_detailed(
         q.push(phase, Event::Scrape { sidecar: i });
     }
     let mut preemptions = 0u64;
+    // What each replica's API server holds: +1 when a request is submitted, −1 when it finishes.
+    let mut server_load = vec![0u32; replicas.len()];
 
     while outstanding > 0 {
         let Some((now, event)) = q.pop() else { break };
@@ -213,6 +219,7 @@ pub fn run_cell_detailed(
                 }
                 router.on_dispatch(&r, replica, now);
                 state.own_inflight[replica] += 1;
+                server_load[replica] += 1;
                 let rec = &mut recs[req];
                 rec.replica = Some(replica);
                 rec.predicted_ttft_s = pick.predicted_ttft_s;
@@ -246,6 +253,7 @@ pub fn run_cell_detailed(
                             let rec = &mut recs[idx];
                             rec.finished_at = Some(now);
                             rec.output_tokens = completion_tokens;
+                            server_load[replica] = server_load[replica].saturating_sub(1);
                             let sc = &mut sidecars[rec.sidecar];
                             sc.state.own_inflight[replica] =
                                 sc.state.own_inflight[replica].saturating_sub(1);
@@ -292,7 +300,9 @@ pub fn run_cell_detailed(
             Event::Scrape { sidecar } => {
                 let Sidecar { state, router, .. } = &mut sidecars[sidecar];
                 for (r, rep) in replicas.iter().enumerate() {
-                    state.scraped[r] = Some(Scraped::of(rep.engine.stats_at(now), now));
+                    let mut scraped = Scraped::of(rep.engine.stats_at(now), now);
+                    scraped.server_load = cfg.server_load.then_some(server_load[r]);
+                    state.scraped[r] = Some(scraped);
                 }
                 let view = View {
                     now,

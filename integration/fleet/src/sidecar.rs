@@ -26,6 +26,9 @@ pub struct Scraped {
     pub prefix_cache_hits_tokens: u64,
     /// `vllm:prompt_tokens_total`.
     pub prompt_tokens: u64,
+    /// `GET /load`, polled with the metrics, when the replicas track it
+    /// (`--enable-server-load-tracking`): requests in the API server, counted on arrival.
+    pub server_load: Option<u32>,
 }
 
 impl Scraped {
@@ -39,6 +42,7 @@ impl Scraped {
             prefix_cache_queries_tokens: stats.prefix_cache_queries,
             prefix_cache_hits_tokens: stats.prefix_cache_hits,
             prompt_tokens: stats.prompt_tokens,
+            server_load: None,
         }
     }
 }

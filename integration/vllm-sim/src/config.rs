@@ -30,6 +30,9 @@ pub struct ReplicaConfig {
     pub kv_events: Option<KvEventsConfig>,
     /// Faults injected from the start (changeable at run time with `POST /sim/faults`).
     pub faults: FaultConfig,
+    /// `--enable-server-load-tracking`: `GET /load` counts the completion requests the server
+    /// holds (from arrival until their response is written); without it, as in vLLM, it stays 0.
+    pub server_load_tracking: bool,
 }
 
 /// Why a configuration cannot be served.
@@ -74,6 +77,7 @@ impl ReplicaConfig {
             seed: 0,
             kv_events: None,
             faults: FaultConfig::default(),
+            server_load_tracking: false,
         }
     }
 

@@ -61,6 +61,9 @@ struct Common {
     /// Turn automatic prefix caching off.
     #[arg(long)]
     no_enable_prefix_caching: bool,
+    /// Count requests in `GET /load` (vLLM's flag; without it `/load` reports 0).
+    #[arg(long)]
+    enable_server_load_tracking: bool,
     /// Log as JSON lines.
     #[arg(long)]
     log_json: bool,
@@ -118,6 +121,7 @@ fn replica_config(profile: &str, common: &Common, seed: u64) -> Result<ReplicaCo
     config.default_max_tokens = common.default_max_tokens;
     config.lora_modules = common.lora_modules.clone();
     config.max_loras = common.max_loras;
+    config.server_load_tracking = common.enable_server_load_tracking;
     if let Some(json) = &common.faults {
         config.faults =
             serde_json::from_str::<FaultConfig>(json).context("--faults is not a fault config")?;

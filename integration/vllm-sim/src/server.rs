@@ -4,11 +4,19 @@
 //! and HTTP/2 cleartext on one port, via hyper-util's `auto` builder), the engine driver task and
 //! the KV-event publisher, and shuts them down gracefully. The routes are vLLM's
 //! (`/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/tokenize`, `/health`, `/metrics`,
-//! `/reset_prefix_cache`) plus the simulator's own `/sim/faults` and `/sim/state`.
+//! `/load`, `/reset_prefix_cache`) plus the simulator's own `/sim/faults` and `/sim/state`.
 
 mod completions;
 
-use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
@@ -69,6 +77,29 @@ pub(crate) struct State {
     pub(crate) faults: Mutex<FaultConfig>,
     pub(crate) rng: Mutex<StdRng>,
     pub(crate) created_unix_s: f64,
+    /// What `GET /load` reports (see [`LoadGuard`]).
+    pub(crate) server_load: Arc<AtomicU32>,
+}
+
+impl State {
+    /// Counts one request in `GET /load` until the guard is dropped, as vLLM's
+    /// `--enable-server-load-tracking` does from a handler's entry until its response is sent.
+    pub(crate) fn count_load(&self) -> Option<LoadGuard> {
+        self.config.server_load_tracking.then(|| {
+            self.server_load.fetch_add(1, Ordering::SeqCst);
+            LoadGuard(self.server_load.clone())
+        })
+    }
+}
+
+/// One request counted in `GET /load`.
+#[derive(Debug)]
+pub(crate) struct LoadGuard(Arc<AtomicU32>);
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A running replica.
@@ -112,6 +143,7 @@ pub async fn serve(config: ReplicaConfig, addr: SocketAddr) -> Result<Replica, S
         faults: Mutex::new(config.faults.clone()),
         rng: Mutex::new(fault::rng(config.seed)),
         created_unix_s: unix_now_s(),
+        server_load: Arc::new(AtomicU32::new(0)),
         driver,
         config,
     });
@@ -244,6 +276,7 @@ const ROUTES: &[(&str, &[Method])] = &[
     ("/tokenize", &[Method::POST]),
     ("/health", &[Method::GET]),
     ("/metrics", &[Method::GET]),
+    ("/load", &[Method::GET]),
     ("/reset_prefix_cache", &[Method::POST]),
     ("/sim/faults", &[Method::GET, Method::POST]),
     ("/sim/state", &[Method::GET]),
@@ -287,6 +320,10 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
         (_, "/tokenize") => tokenize(&state, req).await,
         (_, "/health") => Ok(Response::new(full(Bytes::new()))),
         (_, "/metrics") => metrics_response(&state).await,
+        (_, "/load") => Ok(json_response(
+            StatusCode::OK,
+            &json!({ "server_load": state.server_load.load(Ordering::SeqCst) }),
+        )),
         (_, "/reset_prefix_cache") => {
             let reset = state.driver.reset_prefix_cache();
             if reset {

@@ -44,6 +44,8 @@ fn warmed_router(config: RouterConfig) -> Router {
                         num_gpu_blocks: 20_000,
                     }),
                     prefix_cache: None,
+                    // Some requests arrived during the engine step in progress.
+                    server_load: Some((i % 5 + (i % 7) * 4 + i % 3) as u32),
                 },
                 now,
             )

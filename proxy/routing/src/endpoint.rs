@@ -165,6 +165,10 @@ pub struct Signals {
     pub hit_sums: (f64, f64),
     /// Prompt tokens of the requests being prefilled at the scrape (`queries − prompt_tokens`).
     pub prefilling_tokens: Option<Observed<u64>>,
+    /// vLLM's `GET /load` (`--enable-server-load-tracking`): requests the API server holds, counted
+    /// as they arrive. The scheduler's gauges change only when an engine step ends; this one
+    /// already counts what every client sent during the step in progress.
+    pub server_load: Option<Observed<u32>>,
 }
 
 /// One scrape of an endpoint's metrics: every field present is stamped with `at`.
@@ -176,6 +180,8 @@ pub struct Scrape {
     pub kv_cache_usage: Option<f64>,
     pub cache_config: Option<CacheConfig>,
     pub prefix_cache: Option<PrefixCacheCounters>,
+    /// vLLM's `GET /load`, when the endpoint tracks it.
+    pub server_load: Option<u32>,
 }
 
 impl Signals {
@@ -205,6 +211,7 @@ impl Signals {
             .map(|u| u.clamp(0.0, 1.0));
         set(&mut self.kv_cache_usage, usage, at);
         set(&mut self.cache_config, scrape.cache_config, at);
+        set(&mut self.server_load, scrape.server_load, at);
         if let Some(counters) = scrape.prefix_cache {
             if let Some(prev) = self.prefix_cache.filter(|p| p.at <= at) {
                 let queries = counters

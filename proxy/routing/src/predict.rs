@@ -246,7 +246,12 @@ pub struct Prediction {
     pub reported_waiting: Option<SignalInput>,
     pub reported_running: Option<SignalInput>,
     pub kv_cache_usage: Option<SignalInput>,
-    /// Reported waiting requests that are not this proxy's own.
+    /// `GET /load`: requests the endpoint's API server holds (counted on arrival).
+    pub server_load: Option<SignalInput>,
+    /// `server_load − waiting − running`: requests that arrived during the engine step in
+    /// progress, which the scheduler's gauges show only once it ends (0 without a fresh load).
+    pub unpublished_requests: u32,
+    /// Reported waiting and unpublished requests that are not this proxy's own.
     pub other_waiting_requests: u32,
     /// Estimated uncached tokens of each of those.
     pub other_request_tokens: f64,
@@ -342,9 +347,26 @@ pub fn predict(
     let reported_waiting = s
         .num_requests_waiting
         .map(|o| SignalInput::of(&o, now, budget));
+    // Requests the API server holds that the scheduler's gauges do not show yet: they arrived
+    // during the engine step in progress (`GET /load` counts on arrival, the gauges at step end).
+    let server_load = s.server_load.map(|o| SignalInput::of(&o, now, budget));
+    let unpublished_requests = match (
+        s.server_load,
+        s.num_requests_waiting,
+        s.num_requests_running,
+    ) {
+        (Some(l), Some(w), Some(r)) if l.is_fresh(now, budget) && l.at >= w.at && l.at >= r.at => {
+            l.value.saturating_sub(w.value.saturating_add(r.value))
+        }
+        _ => 0,
+    };
     let other_waiting_requests = match s.num_requests_waiting {
         Some(o) if o.is_fresh(now, budget) => {
-            o.value.saturating_sub(own.awaiting_first_token_as_of(o.at))
+            let as_of = s
+                .server_load
+                .filter(|_| unpublished_requests > 0)
+                .map_or(o.at, |l| l.at);
+            (o.value + unpublished_requests).saturating_sub(own.awaiting_first_token_as_of(as_of))
         }
         _ => 0,
     };
@@ -486,6 +508,8 @@ pub fn predict(
         reported_waiting,
         reported_running,
         kv_cache_usage,
+        server_load,
+        unpublished_requests,
         other_waiting_requests,
         other_request_tokens,
         others_prefilling_tokens,
@@ -633,6 +657,47 @@ mod tests {
         assert!(p.signals_fresh);
         let w = p.reported_waiting.unwrap();
         assert!(w.used && close(w.age_s, 0.05));
+    }
+
+    #[test]
+    fn server_load_counts_arrivals_the_gauges_do_not_show_yet() {
+        let (mut signals, own) = example();
+        let prior = ModelPrior::default();
+        let cfg = PredictConfig::default();
+        let at = |signals: &Signals| {
+            let view = EndpointView {
+                signals,
+                inflight: &own,
+                prior: &prior,
+                prefill_tokens_per_second: 10_000.0,
+                correction: 1.0,
+                mean_prompt_tokens: 2_000.0,
+                mean_service_s: None,
+            };
+            predict(&view, 8_000, None, t(1.05), &cfg)
+        };
+        // Polled with the gauges at 1.0: 18 requests in the server, 5 waiting and 10 running in
+        // the last published step, so 3 arrived during the step in progress. Others' waiting:
+        // 5 + 3 − the 2 own awaiting a first token at 1.0.
+        signals.server_load = Some(Observed::new(18, t(1.0)));
+        let p = at(&signals);
+        assert_eq!((p.unpublished_requests, p.other_waiting_requests), (3, 6));
+        // 6 × 1,000 tokens (mean prompt × (1 − hit fraction)) less 0.05 s × 10,000 done since.
+        assert!(close(p.others_queued_tokens, 5_500.0));
+        let l = p.server_load.unwrap();
+        assert!(l.used && close(l.value, 18.0));
+        // A load below the gauges' sum (requests finished since the step's end) adds nothing.
+        signals.server_load = Some(Observed::new(12, t(1.0)));
+        assert_eq!(at(&signals).other_waiting_requests, 3);
+        // A load older than the gauges, or past the freshness budget, is not used.
+        signals.server_load = Some(Observed::new(18, t(0.95)));
+        assert_eq!(at(&signals).unpublished_requests, 0);
+        signals.server_load = Some(Observed::new(18, t(0.5)));
+        signals.num_requests_waiting = Some(Observed::new(5, t(0.5)));
+        signals.num_requests_running = Some(Observed::new(10, t(0.5)));
+        let p = at(&signals);
+        assert_eq!((p.unpublished_requests, p.other_waiting_requests), (0, 0));
+        assert!(!p.server_load.unwrap().used);
     }
 
     #[test]

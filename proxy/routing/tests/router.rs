@@ -63,6 +63,7 @@ fn scrape(r: &mut Router, id: &EndpointId, at: Time, waiting: u32, running: u32,
                 num_gpu_blocks: 10_000,
             }),
             prefix_cache: None,
+            server_load: None,
         },
         at,
     )

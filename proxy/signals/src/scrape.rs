@@ -38,6 +38,8 @@ pub enum ScrapeError {
     TooLarge { url: String },
     #[error("{url} sent a body that is not UTF-8")]
     NotUtf8 { url: String },
+    #[error("{url} did not answer vLLM's {{\"server_load\": N}}: {message}")]
+    Load { url: String, message: String },
     #[error("{url}: {source}")]
     Parse {
         url: String,
@@ -83,12 +85,41 @@ impl Scraper {
         })
     }
 
+    /// Fetches vLLM's `GET /load` at `url` (e.g. `http://10.0.0.7:8000/load`): the requests its
+    /// API server holds, counted on arrival (`--enable-server-load-tracking`; 0 without it).
+    /// A server without the route answers [`ScrapeError::Status`] 404.
+    pub async fn server_load(&self, url: &http::Uri) -> Result<u32, ScrapeError> {
+        #[derive(serde::Deserialize)]
+        struct Load {
+            server_load: u32,
+        }
+        let text = match tokio::time::timeout(self.timeout, self.fetch_as(url, "application/json"))
+            .await
+        {
+            Ok(res) => res?,
+            Err(_) => {
+                return Err(ScrapeError::Timeout {
+                    url: url.to_string(),
+                    timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+        };
+        serde_json::from_str::<Load>(&text)
+            .map(|l| l.server_load)
+            .map_err(|e| ScrapeError::Load {
+                url: url.to_string(),
+                message: e.to_string(),
+            })
+    }
+
     async fn fetch(&self, url: &http::Uri) -> Result<String, ScrapeError> {
+        self.fetch_as(url, "text/plain;version=0.0.4;q=0.9,*/*;q=0.1")
+            .await
+    }
+
+    async fn fetch_as(&self, url: &http::Uri, accept: &'static str) -> Result<String, ScrapeError> {
         let req = http::Request::get(url.clone())
-            .header(
-                http::header::ACCEPT,
-                "text/plain;version=0.0.4;q=0.9,*/*;q=0.1",
-            )
+            .header(http::header::ACCEPT, accept)
             .body(Empty::new())
             .map_err(|e| ScrapeError::Http {
                 url: url.to_string(),

@@ -137,3 +137,47 @@ async fn refused_connections_bad_statuses_and_foreign_bodies_are_typed() {
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn reads_vllms_server_load_and_types_what_is_not_one() {
+    let load_uri = |addr: SocketAddr| format!("http://{addr}/load").parse::<http::Uri>().unwrap();
+    let scraper = Scraper::new(Duration::from_secs(5));
+
+    // The simulator without --enable-server-load-tracking answers 0, as vLLM does.
+    let replica = sim::replica(None).await;
+    assert_eq!(
+        scraper
+            .server_load(&load_uri(replica.local_addr()))
+            .await
+            .unwrap(),
+        0
+    );
+    replica.shutdown().await;
+
+    let loaded = server(|| async {
+        http::Response::new(Full::new(Bytes::from_static(b"{\"server_load\": 7}")))
+    })
+    .await;
+    assert_eq!(scraper.server_load(&load_uri(loaded)).await.unwrap(), 7);
+
+    // An engine without the route (an older vLLM, another server): a 404 the caller can act on.
+    let missing = server(|| async {
+        http::Response::builder()
+            .status(404)
+            .body(Full::new(Bytes::from_static(b"{\"detail\":\"Not Found\"}")))
+            .unwrap()
+    })
+    .await;
+    let err = scraper.server_load(&load_uri(missing)).await.unwrap_err();
+    assert!(
+        matches!(err, ScrapeError::Status { status, .. } if status == 404),
+        "{err:?}"
+    );
+
+    let foreign =
+        server(|| async { http::Response::new(Full::new(Bytes::from_static(b"{\"load\": -1}"))) })
+            .await;
+    let err = scraper.server_load(&load_uri(foreign)).await.unwrap_err();
+    assert!(matches!(err, ScrapeError::Load { .. }), "{err:?}");
+    assert!(err.to_string().contains("server_load"), "{err}");
+}

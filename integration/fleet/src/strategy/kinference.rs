@@ -194,6 +194,7 @@ impl Router for Kinference {
                     hits_tokens: s.prefix_cache_hits_tokens,
                     prompt_tokens: Some(s.prompt_tokens),
                 }),
+                server_load: s.server_load,
             };
             let _ = self
                 .router

@@ -17,7 +17,7 @@ use kinference_sim::{EngineEvent, SubmitError};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{Body, Cut, State, error_response, json_response, read_body};
+use super::{Body, Cut, LoadGuard, State, error_response, json_response, read_body};
 use crate::{
     driver::RequestGuard,
     error::ApiError,
@@ -31,6 +31,7 @@ pub(super) async fn handle(
     req: Request<Incoming>,
     endpoint: Endpoint,
 ) -> Result<Response<Body>, Cut> {
+    let load = state.count_load();
     match prepare(&state, req, endpoint).await {
         Ok(Prepared {
             job,
@@ -39,9 +40,11 @@ pub(super) async fn handle(
             events,
         }) => {
             if job.stream {
-                Ok(stream(job, plan, guard, events))
+                Ok(stream(job, plan, (guard, load), events))
             } else {
-                collect(job, plan, guard, events).await
+                let response = collect(job, plan, guard, events).await;
+                drop(load);
+                response
             }
         }
         Err(e) => {
@@ -225,13 +228,17 @@ type Chunk = Result<Frame<Bytes>, Cut>;
 fn stream(
     job: Job,
     plan: FaultPlan,
-    guard: RequestGuard,
+    (guard, load): (RequestGuard, Option<LoadGuard>),
     events: mpsc::UnboundedReceiver<EngineEvent>,
 ) -> Response<Body> {
     // A small buffer: each chunk is handed to hyper as soon as it exists, and a client that stops
     // reading applies back-pressure instead of growing a queue.
     let (tx, rx) = mpsc::channel::<Chunk>(4);
-    tokio::spawn(write_stream(job, plan, guard, events, tx));
+    tokio::spawn(async move {
+        write_stream(job, plan, guard, events, tx).await;
+        // The stream is written (or cut): the request leaves `GET /load`.
+        drop(load);
+    });
     let body = StreamBody::new(ReceiverStream::new(rx)).boxed();
     let mut resp = Response::new(body);
     let headers = resp.headers_mut();

@@ -258,3 +258,47 @@ async fn lora_requests_info_names_running_adapters() {
     .await;
     replica.shutdown().await;
 }
+
+/// `GET /load` (vLLM's `--enable-server-load-tracking`): the requests the server holds, counted
+/// from arrival until their response is written, stream included; 0 without the flag.
+#[tokio::test]
+async fn load_counts_requests_from_arrival_until_their_response_is_written() {
+    for tracking in [true, false] {
+        let mut config = small_config();
+        config.server_load_tracking = tracking;
+        let replica = start(config).await;
+        let base = replica.url();
+        bounded(30, async {
+            assert_eq!(get_json(&format!("{base}/load")).await["server_load"], 0);
+            // A long stream, held open: the first chunk has arrived, the rest is being generated.
+            let mut stream = client()
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&chat_body("hold this open", 800, true))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(stream.status(), 200);
+            assert!(stream.chunk().await.unwrap().is_some());
+            let load = get_json(&format!("{base}/load")).await;
+            assert_eq!(load["server_load"], u32::from(tracking), "{load}");
+            // Read to the end: once the stream is written the request leaves the count.
+            while stream.chunk().await.unwrap().is_some() {}
+            loop {
+                if get_json(&format!("{base}/load")).await["server_load"] == 0 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            // A refused request is counted only while it is being refused.
+            let (status, _) = post_json(
+                &format!("{base}/v1/chat/completions"),
+                &serde_json::json!({"model": "nope", "messages": []}),
+            )
+            .await;
+            assert_ne!(status, 200);
+            assert_eq!(get_json(&format!("{base}/load")).await["server_load"], 0);
+        })
+        .await;
+        replica.shutdown().await;
+    }
+}
