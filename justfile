@@ -67,3 +67,12 @@ fleet SUITE="full" SEED="1":
     cargo build --release -p kinference-fleet
     ./target/release/kinference-fleet --suite {{SUITE}} --seed {{SEED}} --out docs/benchmarks/fleet
     python3 scripts/plot_fleet.py docs/benchmarks/fleet/results.csv docs/benchmarks/fleet
+
+# Kinference against the field over seeds FIRST..LAST (about 35 s a seed on 2 cores): per-seed and per-cell ratios.
+fleet-seeds FIRST="1" LAST="12" OUT="/tmp/kinference-fleet-seeds":
+    cargo build --release -p kinference-fleet
+    for s in $(seq {{FIRST}} {{LAST}}); do \
+        ./target/release/kinference-fleet --suite full --seed $s --strategies round-robin,random,least-request,peak-ewma-p2c,gie-default,llm-d-precise,dynamo-kv,sglang-cache-aware,aibrix-prefix --out {{OUT}}/peers-s$s > /dev/null && \
+        ./target/release/kinference-fleet --suite full --seed $s --strategies kinference --out {{OUT}}/k-s$s > /dev/null || exit 1; \
+    done
+    python3 scripts/fleet_seeds.py --peers '{{OUT}}/peers-s{seed}' --kinference '{{OUT}}/k-s{seed}' --seeds {{FIRST}}-{{LAST}}

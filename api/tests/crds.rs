@@ -107,7 +107,7 @@ fn policy_crd_has_status_printer_columns_and_duration_patterns() {
         balancer["properties"]["freshnessBudget"]["default"],
         "500ms"
     );
-    assert_eq!(balancer["properties"]["tieWindow"]["default"], "5ms");
+    assert_eq!(balancer["properties"]["tieWindow"]["default"], "20ms");
     assert_eq!(balancer["properties"]["failureMode"]["default"], "FailOpen");
     assert_eq!(balancer["properties"]["mode"]["default"], "Enforce");
     assert!(

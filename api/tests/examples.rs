@@ -181,7 +181,7 @@ fn the_policy_is_the_scenario() {
 
     // The balancer's settings parse to their documented values.
     assert_eq!(policy.balancer.freshness_budget().unwrap().as_millis(), 500);
-    assert_eq!(policy.balancer.tie_window().unwrap().as_millis(), 5);
+    assert_eq!(policy.balancer.tie_window().unwrap().as_millis(), 20);
 }
 
 #[test]

@@ -176,7 +176,7 @@ async fn serves_the_example_policy() -> anyhow::Result<()> {
 
     let b = p.balancer.as_ref().unwrap();
     assert_eq!(b.freshness_budget, Some(prost_duration(0, 500_000_000)));
-    assert_eq!(b.tie_window, Some(prost_duration(0, 5_000_000)));
+    assert_eq!(b.tie_window, Some(prost_duration(0, 20_000_000)));
     assert_eq!(b.failure_mode(), balancer::FailureMode::FailOpen);
     assert_eq!(b.mode(), balancer::Mode::Enforce);
 

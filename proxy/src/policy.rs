@@ -48,7 +48,7 @@ impl Default for Balancer {
         Self {
             freshness_budget: Duration::from_millis(500),
             failure_mode: FailureMode::FailOpen,
-            tie_window: Duration::from_millis(5),
+            tie_window: Duration::from_millis(20),
             mode: Mode::Enforce,
         }
     }
@@ -415,7 +415,7 @@ pub(crate) mod tests {
         );
         assert_eq!(p.balancer.freshness_budget, Duration::from_millis(250));
         assert_eq!(p.balancer.failure_mode, FailureMode::FailClose);
-        assert_eq!(p.balancer.tie_window, Duration::from_millis(5));
+        assert_eq!(p.balancer.tie_window, Duration::from_millis(20));
         assert_eq!(p.balancer.mode, Mode::Shadow);
         assert_eq!(p.status_message, None);
         assert_eq!(

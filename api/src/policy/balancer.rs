@@ -14,8 +14,8 @@ use crate::duration::{DurationError, GatewayDuration};
 /// The default freshness budget: 500ms.
 pub const DEFAULT_FRESHNESS_BUDGET: Duration = Duration::from_millis(500);
 
-/// The default tie window: 5ms.
-pub const DEFAULT_TIE_WINDOW: Duration = Duration::from_millis(5);
+/// The default tie window: 20ms.
+pub const DEFAULT_TIE_WINDOW: Duration = Duration::from_millis(20);
 
 /// Balancer configures how the proxy chooses among the endpoints of the candidate models.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -33,9 +33,10 @@ pub struct Balancer {
     #[serde(default)]
     pub failure_mode: FailureMode,
 
-    /// TieWindow is how close two predicted times to first token must be for the proxy to
-    /// choose between them at random, so that many proxies do not herd onto one endpoint, as a
-    /// duration such as "5ms". "0s" disables it. Defaults to 5ms.
+    /// TieWindow is how close two predicted times to first token must be for the proxy to treat
+    /// them as equal, as a duration such as "20ms": among equals it draws two at random and takes
+    /// the one using less of its KV cache, so that many proxies do not herd onto one endpoint and
+    /// new work goes where prefixes stay cached. "0s" disables it. Defaults to 20ms.
     #[serde(default = "default_tie_window")]
     pub tie_window: GatewayDuration,
 

@@ -297,12 +297,12 @@ pub struct Balancer {
 }
 
 impl Default for Balancer {
-    /// The documented defaults: 500ms, FailOpen, 5ms, Enforce.
+    /// The documented defaults: 500ms, FailOpen, 20ms, Enforce.
     fn default() -> Self {
         Self {
             freshness_budget: Duration::from_millis(500),
             failure_mode: FailureMode::FailOpen,
-            tie_window: Duration::from_millis(5),
+            tie_window: Duration::from_millis(20),
             mode: BalancerMode::Enforce,
         }
     }

@@ -480,7 +480,18 @@ impl Router {
                 .iter()
                 .map(|c| c.prediction.selection_cost_s)
                 .collect();
-            if let Some(pick) = lowest_within_tie_window(&preds, cfg.tie_window, rng) {
+            // Unknown or stale usage counts as empty: such an endpoint is as good a place as any.
+            let kv_usage: Vec<f64> = decision
+                .candidates
+                .iter()
+                .map(|c| {
+                    c.prediction
+                        .kv_cache_usage
+                        .filter(|u| u.used)
+                        .map_or(0.0, |u| u.value)
+                })
+                .collect();
+            if let Some(pick) = lowest_within_tie_window(&preds, &kv_usage, cfg.tie_window, rng) {
                 decision.chosen = Some(pick.index);
                 decision.reason = if pick.tied > 1 {
                     Reason::TieBroken { tied: pick.tied }

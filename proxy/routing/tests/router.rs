@@ -96,6 +96,42 @@ fn request<'a>(
 }
 
 #[test]
+fn tied_endpoints_are_chosen_by_two_random_choices_on_kv_usage() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let blocks = prompt(&"y".repeat(4_000));
+    // Four endpoints predicted alike (idle queues); their KV caches are 90, 10, 50 and 30 % used.
+    let usage = [0.9, 0.1, 0.5, 0.3];
+    let mut chosen = BTreeMap::new();
+    for seed in 0..400u64 {
+        let mut r = fleet(4, GLM, None);
+        for (i, kv) in usage.iter().enumerate() {
+            scrape(
+                &mut r,
+                &EndpointId::from(format!("e{i}")),
+                t(1.0),
+                0,
+                0,
+                *kv,
+            );
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let d = r.decide(&request(glm, &cands, 1_000, &blocks), t(1.1), &mut rng);
+        assert_eq!(d.reason, Reason::TieBroken { tied: 4 });
+        *chosen
+            .entry(d.chosen_endpoint().unwrap().to_string())
+            .or_insert(0u32) += 1;
+    }
+    // Of any two drawn the emptier wins: the fullest never, the emptiest in 3 of the 6 pairs, the
+    // 30 % one in 2, the 50 % one in 1.
+    assert_eq!(chosen.get("e0"), None, "{chosen:?}");
+    let share = |e: &str| f64::from(chosen.get(e).copied().unwrap_or(0)) / 400.0;
+    assert!((share("e1") - 0.5).abs() < 0.08, "{chosen:?}");
+    assert!((share("e3") - 1.0 / 3.0).abs() < 0.08, "{chosen:?}");
+    assert!((share("e2") - 1.0 / 6.0).abs() < 0.08, "{chosen:?}");
+}
+
+#[test]
 fn fifty_sidecars_with_one_snapshot_spread_unless_one_endpoint_is_clearly_better() {
     let cands = models(&[GLM]);
     let glm = &cands[0];
@@ -309,32 +345,32 @@ fn precise_index_answers_for_endpoints_with_kv_events() {
     r.apply_kv_events(
         &e1,
         &[KvEvent::BlockStored {
-            block_hashes: vec![100, 101, 102, 103],
+            block_hashes: (100..109).collect(),
             parent_block_hash: None,
-            token_ids: vec![0; 64],
+            token_ids: vec![0; 144],
             block_size: 16,
         }],
     )
     .unwrap();
-    let hasher = FixedHasher(vec![100, 101, 102, 999, 103]);
+    let hasher = FixedHasher((100..108).chain([999, 108]).collect());
     let blocks = prompt("no approximate overlap anywhere");
     let mut req = request(glm, &cands, 200, &blocks);
     req.block_hasher = Some(&hasher);
     let d = r.decide(&req, t(1.1), &mut ChaCha8Rng::seed_from_u64(0));
     let c1 = d.candidates.iter().find(|c| c.endpoint == e1).unwrap();
-    assert_eq!(c1.prediction.cached_tokens, 48);
+    assert_eq!(c1.prediction.cached_tokens, 128);
     assert_eq!(c1.prediction.prefix_source, Some(PrefixSource::Precise));
     let c0 = d.candidates.iter().find(|c| c.endpoint != e1).unwrap();
     assert_eq!(c0.prediction.prefix_source, Some(PrefixSource::Approximate));
     assert_eq!(c0.prediction.cached_tokens, 0);
-    // 48 fewer tokens of prefill (4.8 ms) is within the 5 ms tie window, but e0 would hold a second
-    // copy of those 48 tokens: charged 3 × 4.8 ms, so e1 wins.
+    // 128 fewer tokens of prefill (12.8 ms) is within the 20 ms tie window, but e0 would hold a
+    // second copy of those 128 tokens: charged 3 × 12.8 ms, so e1 wins.
     assert!(close(
         c0.prediction.predicted_ttft_s - c1.prediction.predicted_ttft_s,
-        0.0048
+        0.0128
     ));
-    assert_eq!(c0.prediction.duplicate_tokens, 48);
-    assert!(close(c0.prediction.miss_cost_s, 3.0 * 0.0048));
+    assert_eq!(c0.prediction.duplicate_tokens, 128);
+    assert!(close(c0.prediction.miss_cost_s, 3.0 * 0.0128));
     assert_eq!(c1.prediction.duplicate_tokens, 0);
     assert_eq!(d.chosen_endpoint(), Some(&e1));
     assert_eq!(d.reason, Reason::LowestPredictedTtft);
@@ -351,9 +387,9 @@ fn precise_index_answers_for_endpoints_with_kv_events() {
         .apply_kv_events(
             &e1,
             &[KvEvent::BlockStored {
-                block_hashes: vec![100, 101, 102, 103],
+                block_hashes: (100..109).collect(),
                 parent_block_hash: None,
-                token_ids: vec![0; 64],
+                token_ids: vec![0; 144],
                 block_size: 16,
             }],
         )
