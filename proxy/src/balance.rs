@@ -531,6 +531,13 @@ impl Balance {
         Some(ttft)
     }
 
+    /// A streamed token of a dispatched request arrived at `at` (see
+    /// `kinference_routing::Router::observe_token`).
+    pub fn observe_token(&self, handle: DispatchHandle, at: Instant) {
+        let at = self.time_of(at);
+        let _ = self.inner.lock().router.observe_token(handle, at);
+    }
+
     /// A stream on `id` had `gaps` inter-token gaps summing to `decode_s`: the endpoint's time per
     /// output token learns from it (what non-stream responses' decode is estimated with).
     pub fn observe_decode(&self, id: &EndpointId, decode_s: f64, gaps: u64) {

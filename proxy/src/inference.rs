@@ -575,6 +575,9 @@ impl Hooks for RequestHooks {
         m.ttft_seconds
             .get_or_create(&self.labels)
             .observe(at.saturating_duration_since(self.received_at).as_secs_f64());
+        if let Some(h) = self.handle {
+            self.shared.balance.observe_token(h, at);
+        }
         if let Some(h) = self.handle
             && let Some(ttft) = self.shared.balance.first_token(&self.endpoint, h, at)
         {
@@ -587,7 +590,11 @@ impl Hooks for RequestHooks {
         }
     }
 
-    fn token_gap(&mut self, gap: Duration) {
+    fn token(&mut self, at: Instant, gap: Duration) {
+        // A token ends an engine step: the endpoint's step in progress is timed from it.
+        if let Some(h) = self.handle {
+            self.shared.balance.observe_token(h, at);
+        }
         self.decode.0 += gap.as_secs_f64();
         self.decode.1 += 1;
         self.shared

@@ -37,8 +37,8 @@ pub struct Summary {
 pub trait Hooks: Send + 'static {
     /// The first token arrived (streams only).
     fn first_token(&mut self, at: Instant);
-    /// The gap between two streamed tokens.
-    fn token_gap(&mut self, gap: Duration);
+    /// A streamed token after the first arrived at `at`, `gap` after the previous one.
+    fn token(&mut self, at: Instant, gap: Duration);
     /// The body ended; called exactly once.
     fn end(&mut self, summary: Summary);
 }
@@ -131,7 +131,7 @@ impl<B> ObservedBody<B> {
                 }
                 Some(prev) => {
                     if let Some(h) = self.hooks.as_mut() {
-                        h.token_gap(now.saturating_duration_since(prev));
+                        h.token(now, now.saturating_duration_since(prev));
                     }
                 }
             }
@@ -291,7 +291,7 @@ mod tests {
         fn first_token(&mut self, _at: Instant) {
             self.0.lock().first += 1;
         }
-        fn token_gap(&mut self, _gap: Duration) {
+        fn token(&mut self, _at: Instant, _gap: Duration) {
             self.0.lock().gaps += 1;
         }
         fn end(&mut self, summary: Summary) {

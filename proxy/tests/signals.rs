@@ -1,6 +1,7 @@
 //! The proxy's signals over real processes: vLLM KV events from simulated replicas feeding the
 //! precise prefix index, first-token feedback from non-stream responses, and vLLM's `GET /load`
-//! (the replicas run with `--enable-server-load-tracking`) counting another client's stream.
+//! (the replicas run with `--enable-server-load-tracking`) counting another client's stream, and
+//! the proxy's own stream timing the engine step in progress.
 //!
 //! Two `vllm-sim` replicas of glm-5.3 publish KV events on their serving port + 1; the
 //! controller serves the example policy with the glm-5.3 InferencePool annotated
@@ -442,6 +443,47 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
     assert_eq!(load["value"], 1.0, "{record}");
     assert_eq!(load["used"], true, "{record}");
     drop(stream);
+
+    // A stream of this proxy's own: each token it relays ends an engine step of its endpoint,
+    // so the next decision times the step in progress there (less than a 12 ms decode step ago
+    // plus scheduling noise, never the half-step guess used without a stream).
+    let mut own = env
+        .http
+        .post(format!("{}/v1/chat/completions", env.base))
+        .header("x-request-id", "own-stream")
+        .json(&json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "stream a long answer"}],
+            "max_tokens": 2_000,
+            "stream": true,
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status(), 200);
+    let streaming_on = own
+        .headers()
+        .get("x-kinference-endpoint")
+        .and_then(|v| v.to_str().ok())
+        .unwrap()
+        .to_string();
+    for _ in 0..3 {
+        assert!(own.chunk().await.unwrap().is_some());
+    }
+    env.chat("And hello once more.", "phase-0").await;
+    let record = env.decision("phase-0").await;
+    let candidate = record["decision"]["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["endpoint"] == streaming_on.as_str())
+        .expect("the streaming replica is a candidate");
+    let elapsed = candidate["prediction"]["step_elapsed_s"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no step timing: {record}"));
+    assert!((0.0..1.0).contains(&elapsed), "{record}");
+    drop(own);
+
     wait_until(
         "the stream leaves the replica's load once cut",
         Duration::from_secs(20),

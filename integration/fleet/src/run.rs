@@ -242,7 +242,10 @@ pub fn run_cell_detailed(
                                 .router
                                 .on_first_token(id, replica, now);
                         }
-                        EngineEvent::Token { .. } => {}
+                        EngineEvent::Token { id, .. } => {
+                            let sidecar = recs[id as usize].sidecar;
+                            sidecars[sidecar].router.on_token(id, replica, now);
+                        }
                         EngineEvent::Preempted { .. } => preemptions += 1,
                         EngineEvent::Finished {
                             id,

@@ -68,6 +68,8 @@ pub trait Router: Send + std::fmt::Debug {
     fn on_dispatch(&mut self, _req: &Req<'_>, _replica: usize, _now: SimTime) {}
     /// The first token of request `id` came back from `replica`.
     fn on_first_token(&mut self, _id: u64, _replica: usize, _now: SimTime) {}
+    /// A later token of request `id` arrived from `replica`.
+    fn on_token(&mut self, _id: u64, _replica: usize, _now: SimTime) {}
     /// Request `id` finished on `replica` (`output_tokens` streamed).
     fn on_complete(&mut self, _id: u64, _replica: usize, _output_tokens: u32, _now: SimTime) {}
     /// This sidecar just scraped every replica (the view holds the new values).

@@ -20,7 +20,8 @@ pub enum TuneError {
 }
 
 const KNOWN: &str = "affinity_slack, affinity_kv_floor, affinity_key_tokens, miss_cost_weight, \
-                     queue_cost_weight, prefilling_remaining_fraction, rate_alpha, substitute_margin, tie_window_s";
+                     queue_cost_weight, prefilling_remaining_fraction, rate_alpha, substitute_margin, tie_window_s, \
+                     long_step_residual_fraction";
 
 /// Applies one `name=value` setting to `config`.
 pub fn apply(config: &mut RouterConfig, setting: &str) -> Result<(), TuneError> {
@@ -46,6 +47,7 @@ pub fn apply(config: &mut RouterConfig, setting: &str) -> Result<(), TuneError> 
         "rate_alpha" => config.predict.rate_alpha = v,
         "substitute_margin" => config.substitute_margin = v,
         "tie_window_s" => config.tie_window = Duration::from_secs_f64(v),
+        "long_step_residual_fraction" => config.predict.long_step_residual_fraction = v,
         _ => return Err(TuneError::Unknown(name.to_string())),
     }
     Ok(())

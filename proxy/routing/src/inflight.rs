@@ -18,6 +18,9 @@ pub struct InFlightRequest {
     pub uncached_tokens: u32,
     /// When the first token arrived, once it has.
     pub first_token_at: Option<Time>,
+    /// When the latest streamed token arrived (see [`InFlight::token`]); `None` for a request whose
+    /// tokens the proxy does not see one by one (a non-stream answer).
+    pub last_token_at: Option<Time>,
     /// The part of the TTFT predicted at dispatch that was not this request's own prefill (queue
     /// wait, decode interference and overhead), in seconds; used to learn the prefill rate.
     pub predicted_non_prefill_s: f64,
@@ -73,6 +76,30 @@ impl InFlight {
             request: *r,
             ttft: at.saturating_since(r.dispatched_at),
         })
+    }
+
+    /// Records that a streamed token of request `id` (the first included) arrived at `at`. vLLM
+    /// emits every running request's token when an engine step ends, so the latest such time over
+    /// the requests still decoding is when the endpoint's last step ended. Returns whether `id` is
+    /// known.
+    pub fn token(&mut self, id: u64, at: Time) -> bool {
+        let Some(r) = self.requests.iter_mut().find(|r| r.id == id) else {
+            return false;
+        };
+        if r.last_token_at.is_none_or(|t| t < at) {
+            r.last_token_at = Some(at);
+        }
+        true
+    }
+
+    /// When the endpoint's latest engine step ended, as the streams of this proxy's requests still
+    /// decoding there saw it: `None` when none of them is streaming tokens.
+    pub fn last_step_end(&self) -> Option<Time> {
+        self.requests
+            .iter()
+            .filter(|r| r.first_token_at.is_some())
+            .filter_map(|r| r.last_token_at)
+            .max()
     }
 
     /// Forgets request `id` (finished, failed or cancelled). Returns it, or `None` if unknown.
@@ -154,6 +181,7 @@ mod tests {
             prompt_tokens: uncached + 100,
             uncached_tokens: uncached,
             first_token_at: None,
+            last_token_at: None,
             predicted_non_prefill_s: 0.0,
             kv_pressure_factor: 1.0,
             predicted_raw_ttft_s: 0.1,
@@ -184,6 +212,31 @@ mod tests {
         assert_eq!(f.queued_prefill_tokens(), 0);
         assert_eq!(f.complete(1).map(|r| r.id), Some(1));
         assert_eq!((f.pending(), f.complete(1)), (0, None));
+    }
+
+    #[test]
+    fn the_last_step_end_is_the_latest_token_of_a_stream_still_decoding() {
+        let t = Time::from_secs_f64;
+        let mut f = InFlight::default();
+        f.dispatch(req(1, 0.0, 10));
+        f.dispatch(req(2, 0.0, 10));
+        f.dispatch(req(3, 0.0, 10));
+        assert_eq!(f.last_step_end(), None);
+        // Request 1 streams: its first token and a later one; an older report changes nothing.
+        f.first_token(1, t(0.2));
+        assert!(f.token(1, t(0.2)) && f.token(1, t(0.22)) && f.token(1, t(0.21)));
+        assert_eq!(f.last_step_end(), Some(t(0.22)));
+        // Request 2 is a non-stream answer: decoding, but never reports a token.
+        f.first_token(2, t(0.3));
+        assert_eq!(f.last_step_end(), Some(t(0.22)));
+        f.first_token(3, t(0.3));
+        f.token(3, t(0.3));
+        assert_eq!(f.last_step_end(), Some(t(0.3)));
+        // Once the streams end, nothing says when the endpoint's steps end.
+        f.complete(1);
+        f.complete(3);
+        assert_eq!(f.last_step_end(), None);
+        assert!(!f.token(9, t(1.0)));
     }
 
     #[test]

@@ -88,6 +88,9 @@ pub struct PredictConfig {
     /// second copy of the prefix they put in the fleet's KV cache (which evicts other prefixes)
     /// and the KV a hit would have shared with the running requests. 0 turns it off.
     pub miss_cost_weight: f64,
+    /// When the step in progress has already run longer than a decode step (a prefill chunk), the
+    /// expected rest of it as a fraction of how long it has run.
+    pub long_step_residual_fraction: f64,
 }
 
 impl Default for PredictConfig {
@@ -108,6 +111,7 @@ impl Default for PredictConfig {
             queue_cost_weight: 1.0,
             prefilling_remaining_fraction: 0.5,
             miss_cost_weight: 3.0,
+            long_step_residual_fraction: 0.25,
         }
     }
 }
@@ -287,9 +291,13 @@ pub struct Prediction {
     /// one's: `ceil((queued + uncached) / max_num_batched_tokens) × (time_per_output_token_s +
     /// running × decode_step_per_seq_s)`, at least one step even on an idle endpoint.
     pub steps_s: f64,
-    /// The expected rest of the engine step in progress when the request arrives: half a step at
-    /// the running batch when the endpoint is busy (running, queued or prefilling), else 0. Part
-    /// of the wait.
+    /// How long the engine step in progress has run: the time since the latest token of this
+    /// proxy's streams decoding on the endpoint (`None` without one).
+    pub step_elapsed_s: Option<f64>,
+    /// The expected rest of the engine step in progress when the request arrives, on a busy
+    /// endpoint (running, queued or prefilling; else 0): a decode step less `step_elapsed_s`;
+    /// past a decode step (a prefill chunk is running) `long_step_residual_fraction ×
+    /// step_elapsed_s`; without a stream to time it, half a decode step. Part of the wait.
     pub step_residual_s: f64,
     pub kv_pressure_factor: f64,
     pub overhead_s: f64,
@@ -415,7 +423,21 @@ pub fn predict(
         .max(1.0);
     let steps_s = steps * decode_step_s;
     let busy = running_seqs > 0 || queued_prefill_tokens > 0.0;
-    let step_residual_s = if busy { 0.5 * decode_step_s } else { 0.0 };
+    // How long the step in progress has run, when one of this proxy's streams decodes on the
+    // endpoint (it gets a token at every step end). Longer than the longest step there can be (a
+    // full chunk of prefill) means the stream is not keeping up (a slow reader, a preemption):
+    // not a step time.
+    let longest_step_s = 2.0 * (budget_tokens / rate + decode_step_s);
+    let step_elapsed_s = own
+        .last_step_end()
+        .map(|t| now.saturating_since(t).as_secs_f64())
+        .filter(|e| *e <= longest_step_s);
+    let step_residual_s = match step_elapsed_s {
+        _ if !busy => 0.0,
+        Some(e) if e < decode_step_s => decode_step_s - e,
+        Some(e) => config.long_step_residual_fraction.max(0.0) * e,
+        None => 0.5 * decode_step_s,
+    };
 
     let kv_cache_usage = s.kv_cache_usage.map(|o| SignalInput::of(&o, now, budget));
     let usage = kv_cache_usage.filter(|u| u.used).map(|u| u.value);
@@ -527,6 +549,7 @@ pub fn predict(
         prefill_s,
         attention_s,
         steps_s,
+        step_elapsed_s,
         step_residual_s,
         kv_pressure_factor,
         overhead_s,
@@ -590,6 +613,7 @@ mod tests {
                 prompt_tokens: uncached,
                 uncached_tokens: uncached,
                 first_token_at: None,
+                last_token_at: None,
                 predicted_non_prefill_s: 0.0,
                 kv_pressure_factor: 1.0,
                 predicted_raw_ttft_s: 0.1,
@@ -657,6 +681,45 @@ mod tests {
         assert!(p.signals_fresh);
         let w = p.reported_waiting.unwrap();
         assert!(w.used && close(w.age_s, 0.05));
+    }
+
+    #[test]
+    fn own_streams_time_the_step_in_progress() {
+        let (signals, mut own) = example();
+        let prior = ModelPrior::default();
+        let cfg = PredictConfig::default();
+        let predict_at = |own: &InFlight, now: f64| {
+            let view = EndpointView {
+                signals: &signals,
+                inflight: own,
+                prior: &prior,
+                prefill_tokens_per_second: 10_000.0,
+                correction: 1.0,
+                mean_prompt_tokens: 2_000.0,
+                mean_service_s: None,
+            };
+            predict(&view, 8_000, None, t(now), &cfg)
+        };
+        // No own stream decoding: half of the 21 ms decode step (20 ms + 10 running × 0.1 ms).
+        let p = predict_at(&own, 1.05);
+        assert_eq!(p.step_elapsed_s, None);
+        assert!(close(p.step_residual_s, 0.0105));
+        // Request 1 streams; its latest token came at 1.044: the step under way has run 6 ms of
+        // a 21 ms decode step.
+        own.first_token(1, t(1.0));
+        own.token(1, t(1.0));
+        own.token(1, t(1.044));
+        let p = predict_at(&own, 1.05);
+        assert!(close(p.step_elapsed_s.unwrap(), 0.006));
+        assert!(close(p.step_residual_s, 0.015));
+        // 200 ms without a token: a prefill chunk is running; a quarter of that again remains.
+        let p = predict_at(&own, 1.244);
+        assert!(close(p.step_residual_s, 0.25 * 0.2));
+        // Longer than any step can be (2 × (8,192 / 10,000 + 0.021) s): not a step time. (The
+        // scrape is stale by then: the running batch is the own stream alone, a 20.1 ms step.)
+        let p = predict_at(&own, 1.044 + 2.0);
+        assert_eq!(p.step_elapsed_s, None);
+        assert!(close(p.step_residual_s, 0.5 * 0.0201));
     }
 
     #[test]

@@ -635,6 +635,7 @@ impl Router {
             prompt_tokens: p.prompt_tokens,
             uncached_tokens: p.uncached_tokens,
             first_token_at: None,
+            last_token_at: None,
             predicted_non_prefill_s: p.raw_ttft_s - p.prefill_s * p.kv_pressure_factor,
             kv_pressure_factor: p.kv_pressure_factor,
             predicted_raw_ttft_s: p.raw_ttft_s,
@@ -692,6 +693,18 @@ impl Router {
         }
         st.latency.observe(ttft_s, at);
         Ok(ft.ttft)
+    }
+
+    /// Records that a streamed token of a dispatched request (its first included) arrived at `at`:
+    /// an engine step of its endpoint ended then, which times the step in progress for the next
+    /// prediction there (`docs/ttft-model.md`, step 5).
+    pub fn observe_token(&mut self, handle: DispatchHandle, at: Time) -> Result<(), RouterError> {
+        let st = self.handle_state(handle)?;
+        if st.inflight.token(handle.request_id, at) {
+            Ok(())
+        } else {
+            Err(RouterError::UnknownRequest)
+        }
     }
 
     /// Records that a dispatched request finished (or failed, or was cancelled). Learns nothing

@@ -168,6 +168,13 @@ impl Router for Kinference {
     fn on_first_token(&mut self, id: u64, _replica: usize, now: SimTime) {
         if let Some(&h) = self.handles.get(&id) {
             let _ = self.router.first_token(h, time(now));
+            let _ = self.router.observe_token(h, time(now));
+        }
+    }
+
+    fn on_token(&mut self, id: u64, _replica: usize, now: SimTime) {
+        if let Some(&h) = self.handles.get(&id) {
+            let _ = self.router.observe_token(h, time(now));
         }
     }
 
