@@ -113,6 +113,11 @@ pub struct Prediction {
     pub reported_waiting: Option<Signal>,
     pub reported_running: Option<Signal>,
     pub kv_cache_usage: Option<Signal>,
+    /// Requests `GET /load` counted beyond the scheduler's gauges (sent during the step in
+    /// progress).
+    pub unpublished_requests: u32,
+    /// How long the engine step in progress had run, timed by the proxy's own streams.
+    pub step_elapsed_s: Option<f64>,
     pub own_awaiting_first_token: u32,
     pub own_decoding: u32,
     pub wait_s: f64,
@@ -253,7 +258,8 @@ impl Reason {
         match self.kind.as_str() {
             "lowest_predicted_ttft" => "lowest predicted TTFT".into(),
             "tie_broken" => format!(
-                "{} endpoints predicted within the tie window ({}); picked at random",
+                "{} endpoints predicted within the tie window ({}); of two drawn at random, the one \
+                 using less of its KV cache",
                 self.tied.unwrap_or(0),
                 secs(d.tie_window_s)
             ),
@@ -418,6 +424,7 @@ impl Report {
                     "KV USE (AGE)",
                     "CACHED",
                     "OWN",
+                    "STEP",
                     "WAIT",
                     "PREFILL",
                     "CORRECTION",
@@ -433,11 +440,15 @@ impl Report {
                     format!("{}{mark}", cand.endpoint),
                     cand.model.clone(),
                     secs(pr.predicted_ttft_s),
-                    signal(pr.reported_waiting, false),
+                    match pr.unpublished_requests {
+                        0 => signal(pr.reported_waiting, false),
+                        n => format!("{}+{n}", signal(pr.reported_waiting, false)),
+                    },
                     signal(pr.reported_running, false),
                     signal(pr.kv_cache_usage, true),
                     format!("{}/{}", pr.cached_tokens, pr.prompt_tokens),
                     (pr.own_awaiting_first_token + pr.own_decoding).to_string(),
+                    pr.step_elapsed_s.map_or_else(|| "-".into(), secs),
                     secs(pr.wait_s),
                     secs(pr.prefill_s),
                     format!("x{:.2}", pr.correction),
@@ -446,9 +457,11 @@ impl Report {
             }
             table(&mut out, &rows);
             out.push_str(
-                "  (QUEUE, RUNNING, KV USE: scraped, with their age; CACHED: prompt tokens in the \
-                 endpoint's prefix cache; OWN: this proxy's requests in flight; CORRECTION: \
-                 peak-EWMA of observed/predicted TTFT; COST: what the choice minimises)\n",
+                "  (QUEUE, RUNNING, KV USE: scraped, with their age, QUEUE +N: requests vLLM's \
+                 GET /load counted since; CACHED: prompt tokens in the endpoint's prefix cache; \
+                 OWN: this proxy's requests in flight; STEP: how long the engine step under way \
+                 had run, timed by this proxy's streams; CORRECTION: peak-EWMA of \
+                 observed/predicted TTFT; COST: what the choice minimises)\n",
             );
         }
         for e in &d.excluded {
@@ -539,6 +552,7 @@ mod tests {
                             "reported_waiting": sig(3.0, 0.04, true),
                             "reported_running": sig(2.0, 0.04, true),
                             "kv_cache_usage": sig(0.25, 0.04, true),
+                            "unpublished_requests": 2, "step_elapsed_s": 0.007,
                             "own_awaiting_first_token": 1, "own_decoding": 0,
                             "wait_s": 0.02, "prefill_s": 0.004, "correction": 1.1,
                             "predicted_ttft_s": 0.031, "selection_cost_s": 0.04, "signals_fresh": true}},
@@ -594,8 +608,9 @@ mod tests {
             .unwrap();
         for cell in [
             "31.0ms",
-            "3 (40.0ms)",
+            "3 (40.0ms)+2",
             "2 (40.0ms)",
+            "7.0ms",
             "0.25 (40.0ms)",
             "16/23",
             "x1.10",
@@ -606,7 +621,7 @@ mod tests {
             .iter()
             .find(|l| l.starts_with("  127.0.0.1:8003*"))
             .unwrap();
-        assert!(qwen.contains("0 (1.50s stale)"), "{qwen}");
+        assert!(qwen.contains("0 (1.50s stale)  "), "{qwen}");
         assert!(text.contains("  excluded 127.0.0.1:8004 (qwen-3.6-27b): not ready\n"));
         assert!(text.contains(
             "Choice    127.0.0.1:8003 (qwen-3.6-27b), predicted TTFT 9.0ms: lowest predicted TTFT\n"
@@ -643,7 +658,11 @@ mod tests {
         v["policy"]["mode"] = json!("shadow");
         let text = render(v);
         assert!(
-            text.contains("2 endpoints predicted within the tie window (5.0ms); picked at random")
+            text.contains(
+                "2 endpoints predicted within the tie window (5.0ms); of two drawn at random, the \
+                 one using less of its KV cache"
+            ),
+            "{text}"
         );
         assert!(text.contains("Sent to   127.0.0.1:8003 (shadow mode"));
 
