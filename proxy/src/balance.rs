@@ -513,15 +513,21 @@ impl Balance {
         self.inner.lock().router.dispatch(&d, blocks, now).ok()
     }
 
-    /// Records the first token of a dispatched request; returns its TTFT.
+    /// Records the first token of a dispatched request; returns its TTFT. `streamed`: the token
+    /// itself arrived at `at` (a stream), so an engine step ended then (see
+    /// [`Balance::observe_token`]); an estimated first token is not one.
     pub fn first_token(
         &self,
         id: &EndpointId,
         handle: DispatchHandle,
         at: Instant,
+        streamed: bool,
     ) -> Option<Duration> {
         let at = self.time_of(at);
         let mut g = self.inner.lock();
+        if streamed {
+            let _ = g.router.observe_token(handle, at);
+        }
         let ttft = g.router.first_token(handle, at).ok()?;
         let tau = DEFAULT_TAU;
         g.latency
@@ -577,7 +583,7 @@ impl Balance {
         let ttft_s = estimate_ttft_s(e2e.as_secs_f64(), completion_tokens, tpot_s)?;
         let decode = e2e.saturating_sub(Duration::from_secs_f64(ttft_s));
         let at = end.checked_sub(decode)?;
-        let ttft = self.first_token(id, handle, at)?;
+        let ttft = self.first_token(id, handle, at, false)?;
         *self
             .inner
             .lock()
@@ -949,7 +955,7 @@ mod tests {
             .dispatch(&plan.decision, plan.order[0], &blocks())
             .unwrap();
         let id = EndpointId::from("127.0.0.1:1");
-        assert!(b.first_token(&id, h, Instant::now()).is_some());
+        assert!(b.first_token(&id, h, Instant::now(), true).is_some());
         b.complete(h);
         assert_eq!(b.debug()["endpoints"][0]["own_pending_requests"], 0);
     }

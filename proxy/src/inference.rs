@@ -575,11 +575,8 @@ impl Hooks for RequestHooks {
         m.ttft_seconds
             .get_or_create(&self.labels)
             .observe(at.saturating_duration_since(self.received_at).as_secs_f64());
-        if let Some(h) = self.handle {
-            self.shared.balance.observe_token(h, at);
-        }
         if let Some(h) = self.handle
-            && let Some(ttft) = self.shared.balance.first_token(&self.endpoint, h, at)
+            && let Some(ttft) = self.shared.balance.first_token(&self.endpoint, h, at, true)
         {
             m.observe_prediction(
                 &self.labels,
