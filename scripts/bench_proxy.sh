@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 out=docs/benchmarks/proxy
 
 command -v nginx >/dev/null || { echo "nginx not found: apt-get install -y nginx" >&2; exit 1; }
-cargo build --release -p kinference-proxy --bin kinference-proxy -p kinference-loadgen
+cargo build --release -p kinference-proxy --bin kinference-proxy
+cargo build --release -p kinference-loadgen --bin kinference-loadgen
 target=${CARGO_TARGET_DIR:-target}
 # The controller only serves policy here; any debug build of it will do.
 [ -x "$target/debug/kinference-policy-controller" ] ||
