@@ -70,15 +70,9 @@ impl Scraper {
 
     /// Fetches and parses `url` (e.g. `http://10.0.0.7:8000/metrics`).
     pub async fn scrape(&self, url: &http::Uri) -> Result<VllmMetrics, ScrapeError> {
-        let text = match tokio::time::timeout(self.timeout, self.fetch(url)).await {
-            Ok(res) => res?,
-            Err(_) => {
-                return Err(ScrapeError::Timeout {
-                    url: url.to_string(),
-                    timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
-                });
-            }
-        };
+        let text = self
+            .fetch(url, "text/plain;version=0.0.4;q=0.9,*/*;q=0.1")
+            .await?;
         parse_vllm_metrics(&text).map_err(|source| ScrapeError::Parse {
             url: url.to_string(),
             source,
@@ -93,17 +87,7 @@ impl Scraper {
         struct Load {
             server_load: u32,
         }
-        let text = match tokio::time::timeout(self.timeout, self.fetch_as(url, "application/json"))
-            .await
-        {
-            Ok(res) => res?,
-            Err(_) => {
-                return Err(ScrapeError::Timeout {
-                    url: url.to_string(),
-                    timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
-                });
-            }
-        };
+        let text = self.fetch(url, "application/json").await?;
         serde_json::from_str::<Load>(&text)
             .map(|l| l.server_load)
             .map_err(|e| ScrapeError::Load {
@@ -112,12 +96,23 @@ impl Scraper {
             })
     }
 
-    async fn fetch(&self, url: &http::Uri) -> Result<String, ScrapeError> {
-        self.fetch_as(url, "text/plain;version=0.0.4;q=0.9,*/*;q=0.1")
+    /// GETs `url` as text within the scraper's timeout.
+    async fn fetch(&self, url: &http::Uri, accept: &'static str) -> Result<String, ScrapeError> {
+        tokio::time::timeout(self.timeout, self.fetch_unbounded(url, accept))
             .await
+            .unwrap_or_else(|_| {
+                Err(ScrapeError::Timeout {
+                    url: url.to_string(),
+                    timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
+                })
+            })
     }
 
-    async fn fetch_as(&self, url: &http::Uri, accept: &'static str) -> Result<String, ScrapeError> {
+    async fn fetch_unbounded(
+        &self,
+        url: &http::Uri,
+        accept: &'static str,
+    ) -> Result<String, ScrapeError> {
         let req = http::Request::get(url.clone())
             .header(http::header::ACCEPT, accept)
             .body(Empty::new())
