@@ -206,6 +206,16 @@ fn chosen(record: &Value) -> &Value {
     &d["candidates"][d["chosen"].as_u64().expect("a chosen candidate") as usize]
 }
 
+/// The decision record's candidate for `endpoint`.
+fn candidate<'a>(record: &'a Value, endpoint: &str) -> &'a Value {
+    record["decision"]["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["endpoint"] == endpoint)
+        .unwrap_or_else(|| panic!("{endpoint} is not a candidate: {record}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predictor() {
     let env = start().await;
@@ -433,13 +443,7 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
     .await;
     env.chat("Say hello again.", "load-0").await;
     let record = env.decision("load-0").await;
-    let candidate = record["decision"]["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["endpoint"] == busy.as_str())
-        .expect("the busy replica is a candidate");
-    let load = &candidate["prediction"]["server_load"];
+    let load = &candidate(&record, busy)["prediction"]["server_load"];
     assert_eq!(load["value"], 1.0, "{record}");
     assert_eq!(load["used"], true, "{record}");
     drop(stream);
@@ -472,13 +476,7 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
     }
     env.chat("And hello once more.", "phase-0").await;
     let record = env.decision("phase-0").await;
-    let candidate = record["decision"]["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["endpoint"] == streaming_on.as_str())
-        .expect("the streaming replica is a candidate");
-    let elapsed = candidate["prediction"]["step_elapsed_s"]
+    let elapsed = candidate(&record, &streaming_on)["prediction"]["step_elapsed_s"]
         .as_f64()
         .unwrap_or_else(|| panic!("no step timing: {record}"));
     assert!((0.0..1.0).contains(&elapsed), "{record}");

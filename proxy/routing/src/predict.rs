@@ -631,6 +631,24 @@ mod tests {
         (signals, own)
     }
 
+    /// The worked example's endpoint as the predictor sees it: 10,000 tokens/s, no correction,
+    /// a 2,000-token mean prompt.
+    fn example_view<'a>(
+        signals: &'a Signals,
+        own: &'a InFlight,
+        prior: &'a ModelPrior,
+    ) -> EndpointView<'a> {
+        EndpointView {
+            signals,
+            inflight: own,
+            prior,
+            prefill_tokens_per_second: 10_000.0,
+            correction: 1.0,
+            mean_prompt_tokens: 2_000.0,
+            mean_service_s: None,
+        }
+    }
+
     #[test]
     fn worked_example_arithmetic() {
         let (signals, own) = example();
@@ -689,16 +707,13 @@ mod tests {
         let prior = ModelPrior::default();
         let cfg = PredictConfig::default();
         let predict_at = |own: &InFlight, now: f64| {
-            let view = EndpointView {
-                signals: &signals,
-                inflight: own,
-                prior: &prior,
-                prefill_tokens_per_second: 10_000.0,
-                correction: 1.0,
-                mean_prompt_tokens: 2_000.0,
-                mean_service_s: None,
-            };
-            predict(&view, 8_000, None, t(now), &cfg)
+            predict(
+                &example_view(&signals, own, &prior),
+                8_000,
+                None,
+                t(now),
+                &cfg,
+            )
         };
         // No own stream decoding: half of the 21 ms decode step (20 ms + 10 running × 0.1 ms).
         let p = predict_at(&own, 1.05);
@@ -728,16 +743,13 @@ mod tests {
         let prior = ModelPrior::default();
         let cfg = PredictConfig::default();
         let at = |signals: &Signals| {
-            let view = EndpointView {
-                signals,
-                inflight: &own,
-                prior: &prior,
-                prefill_tokens_per_second: 10_000.0,
-                correction: 1.0,
-                mean_prompt_tokens: 2_000.0,
-                mean_service_s: None,
-            };
-            predict(&view, 8_000, None, t(1.05), &cfg)
+            predict(
+                &example_view(signals, &own, &prior),
+                8_000,
+                None,
+                t(1.05),
+                &cfg,
+            )
         };
         // Polled with the gauges at 1.0: 18 requests in the server, 5 waiting and 10 running in
         // the last published step, so 3 arrived during the step in progress. Others' waiting:
