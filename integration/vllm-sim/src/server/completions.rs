@@ -40,7 +40,7 @@ pub(super) async fn handle(
             events,
         }) => {
             if job.stream {
-                Ok(stream(job, plan, (guard, load), events))
+                Ok(stream(job, plan, guard, load, events))
             } else {
                 let response = collect(job, plan, guard, events).await;
                 drop(load);
@@ -228,7 +228,8 @@ type Chunk = Result<Frame<Bytes>, Cut>;
 fn stream(
     job: Job,
     plan: FaultPlan,
-    (guard, load): (RequestGuard, Option<LoadGuard>),
+    guard: RequestGuard,
+    load: Option<LoadGuard>,
     events: mpsc::UnboundedReceiver<EngineEvent>,
 ) -> Response<Body> {
     // A small buffer: each chunk is handed to hyper as soon as it exists, and a client that stops
