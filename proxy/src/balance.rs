@@ -465,7 +465,7 @@ impl Balance {
             .filter(|&i| !decision.reason.is_fallback() || decision.candidates[i].p2c.is_some())
             .collect();
         rest.sort_by(|&a, &b| {
-            let p = |i: usize| decision.candidates[i].prediction.predicted_ttft_s;
+            let p = |i: usize| decision.candidates[i].prediction.ranked_ttft_s();
             p(a).total_cmp(&p(b))
         });
         let mut order = vec![chosen];

@@ -65,6 +65,9 @@ pub struct CellResult {
     pub prediction_mape: Option<f64>,
     /// 90th percentile of |predicted − simulated| TTFT.
     pub prediction_p90_abs_err_ms: Option<f64>,
+    /// MAPE of the TTFT the selection ranks by (Kinference: the prediction with the work it dates
+    /// as under way charged back, `Prediction::ranked_ttft_s`).
+    pub ranked_mape: Option<f64>,
     pub wall_s: f64,
 }
 
@@ -151,6 +154,12 @@ impl CellResult {
             let abs = sorted(pairs.iter().map(|(p, a)| (p - a).abs()).collect());
             (Some(mean(&ape)), Some(quantile(&abs, 0.9) * 1e3))
         };
+        let ranked: Vec<f64> = done
+            .iter()
+            .filter_map(|o| Some((o.prediction.as_ref()?.ranked_ttft_s(), o.ttft_s?)))
+            .filter(|(_, a)| *a > 0.0)
+            .map(|(p, a)| (p - a).abs() / a)
+            .collect();
         Self {
             workload: workload.to_owned(),
             strategy: strategy.to_owned(),
@@ -183,6 +192,7 @@ impl CellResult {
             preemptions,
             prediction_mape: mape,
             prediction_p90_abs_err_ms: p90_err,
+            ranked_mape: (!ranked.is_empty()).then(|| mean(&ranked)),
             wall_s,
         }
     }
@@ -190,7 +200,7 @@ impl CellResult {
 
 pub const CSV_HEADER: &str = "workload,strategy,load_rps,requests,completed,rejected,ttft_mean_ms,ttft_p50_ms,\
 ttft_p90_ms,ttft_p99_ms,itl_mean_ms,e2e_mean_s,e2e_p90_s,output_tokens_per_s,prefix_hit_rate,load_cv,\
-preemptions,prediction_mape,prediction_p90_abs_err_ms";
+preemptions,prediction_mape,prediction_p90_abs_err_ms,ranked_mape";
 
 /// The results as CSV (no wall-clock column: the file depends only on the seed).
 pub fn to_csv(results: &[CellResult]) -> String {
@@ -200,7 +210,7 @@ pub fn to_csv(results: &[CellResult]) -> String {
     for r in results {
         let _ = writeln!(
             s,
-            "{},{},{:.3},{},{},{},{:.1},{:.1},{:.1},{:.1},{:.2},{:.3},{:.3},{:.1},{:.4},{:.4},{},{},{}",
+            "{},{},{:.3},{},{},{},{:.1},{:.1},{:.1},{:.1},{:.2},{:.3},{:.3},{:.1},{:.4},{:.4},{},{},{},{}",
             r.workload,
             r.strategy,
             r.load_rps,
@@ -220,6 +230,7 @@ pub fn to_csv(results: &[CellResult]) -> String {
             r.preemptions,
             opt(r.prediction_mape),
             opt(r.prediction_p90_abs_err_ms),
+            opt(r.ranked_mape),
         );
     }
     s
@@ -345,7 +356,7 @@ pub const REQUESTS_CSV_HEADER: &str = "arrived_s,replica,prompt_tokens,cached_to
 predicted_ttft_s,pred_cached_tokens,pred_wait_s,pred_prefill_wait_s,pred_capacity_wait_s,pred_prefill_s,\
 pred_attention_s,pred_steps_s,pred_step_residual_s,pred_kv_pressure_factor,pred_correction,pred_queued_prefill_tokens,\
 pred_others_prefilling_tokens,pred_other_waiting,pred_own_awaiting,pred_running,pred_rate_tps,pred_kv_usage,\
-pred_waiting_age_s,true_step_residual_s,true_backlog_tokens,true_running,true_waiting";
+pred_waiting_age_s,pred_own_queued_left_tokens,pred_dating_risk_s,true_step_residual_s,true_backlog_tokens,true_running,true_waiting";
 
 /// One row per request of a cell, with the prediction's inputs where the strategy predicts: the
 /// raw material for studying where prediction error comes from (`--dump-requests`).
@@ -370,7 +381,7 @@ pub fn requests_csv(outcomes: &[Outcome]) -> String {
             Some(p) => {
                 let _ = write!(
                     s,
-                    ",{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.4},{:.4},{:.1},{:.1},{},{},{},{:.1},{},{}",
+                    ",{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.4},{:.4},{:.1},{:.1},{},{},{},{:.1},{},{},{:.1},{:.6}",
                     p.cached_tokens,
                     p.wait_s,
                     p.prefill_wait_s,
@@ -391,9 +402,11 @@ pub fn requests_csv(outcomes: &[Outcome]) -> String {
                         .map_or(String::new(), |u| format!("{:.4}", u.value)),
                     p.reported_waiting
                         .map_or(String::new(), |u| format!("{:.4}", u.age_s)),
+                    p.own_queued_left_tokens,
+                    p.dating_risk_s,
                 );
             }
-            None => s.push_str(&",".repeat(18)),
+            None => s.push_str(&",".repeat(20)),
         }
         match &o.at_arrival {
             Some(t) => {

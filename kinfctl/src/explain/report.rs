@@ -461,7 +461,9 @@ impl Report {
                  GET /load counted since; CACHED: prompt tokens in the endpoint's prefix cache; \
                  OWN: this proxy's requests in flight; STEP: how long the engine step under way \
                  had run, timed by this proxy's streams; CORRECTION: peak-EWMA of \
-                 observed/predicted TTFT; COST: what the choice minimises)\n",
+                 observed/predicted TTFT; COST: what the choice minimises, the TTFT with the \
+                 queue as scraped (no work taken as under way) and what the request costs those \
+                 queued behind it)\n",
             );
         }
         for e in &d.excluded {

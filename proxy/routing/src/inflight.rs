@@ -35,6 +35,8 @@ pub struct InFlightRequest {
     /// dominated by a wait the rate does not explain, and any error in that wait would be read as
     /// a (wrong) prefill rate.
     pub teaches_rate: bool,
+    /// When its prefill was predicted (at dispatch) to begin: after the predicted wait.
+    pub prefill_expected_at: Time,
 }
 
 /// What the tracker learned when a request's first token arrived.
@@ -154,6 +156,31 @@ impl InFlight {
             .sum()
     }
 
+    /// Uncached prompt tokens of the own requests still awaiting their first token that were
+    /// dispatched by `at`.
+    pub fn queued_prefill_tokens_dispatched_by(&self, at: Time) -> u64 {
+        self.requests
+            .iter()
+            .filter(|r| r.dispatched_at <= at && r.first_token_at.is_none())
+            .map(|r| u64::from(r.uncached_tokens))
+            .sum()
+    }
+
+    /// Uncached prompt tokens of the own requests awaiting their first token still to prefill at
+    /// `now` by the schedule predicted at dispatch: each one's prefill began at its
+    /// `prefill_expected_at` and has gone on at `tokens_per_second` since.
+    pub fn scheduled_prefill_tokens_left(&self, now: Time, tokens_per_second: f64) -> f64 {
+        self.requests
+            .iter()
+            .filter(|r| r.first_token_at.is_none())
+            .map(|r| {
+                let done =
+                    now.saturating_since(r.prefill_expected_at).as_secs_f64() * tokens_per_second;
+                (f64::from(r.uncached_tokens) - done).max(0.0)
+            })
+            .sum()
+    }
+
     /// Own requests that were decoding at `at`.
     pub fn decoding_as_of(&self, at: Time) -> u32 {
         let n = self
@@ -187,6 +214,7 @@ mod tests {
             predicted_raw_ttft_s: 0.1,
             predicted_wait_s: 0.0,
             teaches_rate: true,
+            prefill_expected_at: Time::ZERO,
         }
     }
 
@@ -251,5 +279,32 @@ mod tests {
         // At 1.5 s: request 1 decoding, request 2 waiting.
         assert_eq!(f.awaiting_first_token_as_of(Time::from_secs_f64(1.5)), 1);
         assert_eq!(f.decoding_as_of(Time::from_secs_f64(1.5)), 1);
+    }
+
+    #[test]
+    fn queued_work_can_be_dated_by_dispatch_and_by_schedule() {
+        let t = Time::from_secs_f64;
+        let mut f = InFlight::default();
+        f.dispatch(InFlightRequest {
+            prefill_expected_at: t(0.2),
+            ..req(1, 0.0, 1_000)
+        });
+        f.dispatch(InFlightRequest {
+            prefill_expected_at: t(0.3),
+            ..req(2, 0.1, 500)
+        });
+        f.dispatch(req(3, 0.2, 40));
+        f.first_token(3, t(0.25));
+        // Sent by 0.05 and still waiting: request 1 only (3 has its first token).
+        assert_eq!(f.queued_prefill_tokens_dispatched_by(t(0.05)), 1_000);
+        assert_eq!(f.queued_prefill_tokens_dispatched_by(t(0.2)), 1_500);
+        // At 0.35 s and 10,000 tokens/s by the schedule: request 1 began at 0.2 (1,500 done, so
+        // none left), request 2 at 0.3 (500 done, none left); at 0.25, 500 of 1 and all of 2.
+        assert_eq!(
+            f.scheduled_prefill_tokens_left(t(0.25), 10_000.0),
+            500.0 + 500.0
+        );
+        assert_eq!(f.scheduled_prefill_tokens_left(t(0.35), 10_000.0), 0.0);
+        assert_eq!(f.scheduled_prefill_tokens_left(t(0.0), 10_000.0), 1_500.0);
     }
 }

@@ -265,6 +265,10 @@ pub struct Prediction {
     /// Others' waiting and prefilling tokens as of the scrape, less what the engine has prefilled
     /// since (scrape age × rate).
     pub others_queued_tokens: f64,
+    /// Own queued tokens still to prefill: `own_queued_prefill_tokens` less what the engine has
+    /// done of them, by the long step in progress or, without one, by the schedule predicted when
+    /// each was sent.
+    pub own_queued_left_tokens: f64,
     pub queued_prefill_tokens: f64,
     pub running_seqs: u32,
     pub prefill_tokens_per_second: f64,
@@ -321,12 +325,21 @@ pub struct Prediction {
     pub duplicate_tokens: u32,
     /// `miss_cost_weight × duplicate_tokens / rate`: what a duplicate prefix costs the fleet's cache.
     pub miss_cost_s: f64,
-    /// For a candidate of a model other than the requested one: `substitute_margin × (predicted_ttft_s
-    /// + queue_cost_s + miss_cost_s)`, so a substitute wins only when clearly faster; else 0.
+    /// For a candidate of a model other than the requested one: `substitute_margin ×
+    /// (ranked_ttft_s + queue_cost_s + miss_cost_s)`, so a substitute wins only when clearly
+    /// faster; else 0.
     pub substitute_cost_s: f64,
-    /// `predicted_ttft_s + queue_cost_s + miss_cost_s + substitute_cost_s`: what the selection
-    /// minimises.
+    /// `ranked_ttft_s + queue_cost_s + miss_cost_s + substitute_cost_s` (the ranked TTFT is
+    /// `predicted_ttft_s + dating_risk_s`): what the selection minimises.
     pub selection_cost_s: f64,
+    /// `undated.predicted_ttft_s − predicted_ttft_s` (never below 0): the work the prediction
+    /// takes as under way on the evidence of a long step, charged back in the selection.
+    pub dating_risk_s: f64,
+    /// The same prediction with the queue as the scrape shows it: others' work less what the
+    /// engine did since the scrape, own queued work in full, and a long step's rest a fraction
+    /// of its length. The selection ranks by it (`dating_risk_s`) and the prefill rate and the
+    /// correction learn from it.
+    pub undated: QueueWait,
     /// Whether the endpoint's scraped queue (`num_requests_waiting`) was within the freshness budget.
     pub signals_fresh: bool,
 }
@@ -391,17 +404,6 @@ pub fn predict(
         }
         _ => 0.0,
     };
-    // Others' work as of the scrape, less what the engine has prefilled since (it works through
-    // its queue at `rate` whoever's it is).
-    let others_at_scrape =
-        f64::from(other_waiting_requests) * other_request_tokens + others_prefilling_tokens;
-    let scrape_age_s = s
-        .num_requests_waiting
-        .filter(|o| o.is_fresh(now, budget))
-        .map_or(0.0, |o| o.age(now).as_secs_f64());
-    let others_queued_tokens = (others_at_scrape - scrape_age_s * rate).max(0.0);
-    let queued_prefill_tokens = own_queued as f64 + others_queued_tokens;
-
     let reported_running = s
         .num_requests_running
         .map(|o| SignalInput::of(&o, now, budget));
@@ -410,19 +412,9 @@ pub fn predict(
         Some(o) if o.is_fresh(now, budget) => o.value.max(own_decoding),
         _ => own_decoding,
     };
-
     let budget_tokens = f64::from(view.prior.max_num_batched_tokens.max(1));
     let decode_step_s = view.prior.time_per_output_token_s
         + f64::from(running_seqs) * view.prior.decode_step_per_seq_s;
-    let prefill_wait_s = queued_prefill_tokens / rate;
-    let prefill_s = f64::from(uncached_tokens) / rate;
-    let (u, c) = (f64::from(uncached_tokens), f64::from(cached_tokens));
-    let attention_s = view.prior.prefill_attention_pair_s.max(0.0) * (u * c + u * u / 2.0);
-    let steps = ((queued_prefill_tokens + f64::from(uncached_tokens)) / budget_tokens)
-        .ceil()
-        .max(1.0);
-    let steps_s = steps * decode_step_s;
-    let busy = running_seqs > 0 || queued_prefill_tokens > 0.0;
     // How long the step in progress has run, when one of this proxy's streams decodes on the
     // endpoint (it gets a token at every step end). Longer than the longest step there can be (a
     // full chunk of prefill) means the stream is not keeping up (a slow reader, a preemption):
@@ -432,12 +424,59 @@ pub fn predict(
         .last_step_end()
         .map(|t| now.saturating_since(t).as_secs_f64())
         .filter(|e| *e <= longest_step_s);
-    let step_residual_s = match step_elapsed_s {
-        _ if !busy => 0.0,
+
+    // Others' work as of the scrape, less what the engine has prefilled since (it works through
+    // its queue at `rate` whoever's it is).
+    let others_at_scrape =
+        f64::from(other_waiting_requests) * other_request_tokens + others_prefilling_tokens;
+    let scrape_age_s = s
+        .num_requests_waiting
+        .filter(|o| o.is_fresh(now, budget))
+        .map_or(0.0, |o| o.age(now).as_secs_f64());
+    let undated_queued = own_queued as f64 + (others_at_scrape - scrape_age_s * rate).max(0.0);
+
+    // The queue dated by what the engine has under way. A long step (a prefill chunk) in progress
+    // began at the latest token of a stream, and vLLM publishes its gauges when a step ends, so a
+    // scrape taken since reads the queue as it was when the step began: the step has been working
+    // through that queue (others' work first, as it was reported first) and the own requests sent
+    // before it began; own requests sent since wait in full. Without a long step, others' work is
+    // dated from the scrape and each own request by the schedule predicted when it was sent: its
+    // prefill began when its predicted wait ran out and has gone on at the endpoint's rate.
+    let long_step = step_elapsed_s
+        .filter(|e| *e >= decode_step_s)
+        .zip(own.last_step_end());
+    let (others_queued_tokens, own_queued_left_tokens, long_step_work_left) = match long_step {
+        Some((elapsed_s, began)) => {
+            let others_at_start =
+                (others_at_scrape - (scrape_age_s - elapsed_s).max(0.0) * rate).max(0.0);
+            let own_at_start = own.queued_prefill_tokens_dispatched_by(began) as f64;
+            let done = elapsed_s * rate;
+            let others_left = (others_at_start - done).max(0.0);
+            let own_left = (own_at_start - (done - others_at_start).max(0.0)).max(0.0);
+            let own_since = own_queued as f64 - own_at_start;
+            (
+                others_left,
+                own_left + own_since,
+                others_left + own_left > 0.0,
+            )
+        }
+        None => (
+            (others_at_scrape - scrape_age_s * rate).max(0.0),
+            own.scheduled_prefill_tokens_left(now, rate),
+            false,
+        ),
+    };
+    let queued_prefill_tokens = others_queued_tokens + own_queued_left_tokens;
+
+    let residual = |queued: f64, long_step_accounted: bool| match step_elapsed_s {
+        _ if running_seqs == 0 && queued <= 0.0 => 0.0,
         Some(e) if e < decode_step_s => decode_step_s - e,
+        // The rest of the long step is the work it is doing, still in the queue above.
+        Some(_) if long_step_accounted => 0.0,
         Some(e) => config.long_step_residual_fraction.max(0.0) * e,
         None => 0.5 * decode_step_s,
     };
+    let step_residual_s = residual(queued_prefill_tokens, long_step_work_left);
 
     let kv_cache_usage = s.kv_cache_usage.map(|o| SignalInput::of(&o, now, budget));
     let usage = kv_cache_usage.filter(|u| u.used).map(|u| u.value);
@@ -454,53 +493,59 @@ pub fn predict(
         .cache_config
         .map(|o| o.value.capacity_tokens() as f64)
         .filter(|c| *c > 0.0);
-    let mut kv_free_tokens = None;
-    let mut completions_ahead = 0u32;
-    let mut capacity_wait_s = 0.0;
-    let mut tokens_per_running = 0.0;
-    if let (Some(u), Some(cap)) = (usage, capacity_tokens) {
-        let free = (1.0 - u) * cap;
-        kv_free_tokens = Some(free);
-        if running_seqs > 0 && u > 0.0 && service_s > 0.0 {
-            tokens_per_running = u * cap / f64::from(running_seqs);
-            let shortfall = queued_prefill_tokens + f64::from(uncached_tokens) - free;
-            if shortfall > 0.0 {
-                let n = (shortfall / tokens_per_running).ceil();
-                completions_ahead = if n >= f64::from(u32::MAX) {
-                    u32::MAX
-                } else {
-                    n as u32
-                };
-                capacity_wait_s = n * service_s / f64::from(running_seqs);
-            }
+    let kv_free_tokens = usage.zip(capacity_tokens).map(|(u, cap)| (1.0 - u) * cap);
+    let tokens_per_running = match (usage, capacity_tokens) {
+        (Some(u), Some(cap)) if running_seqs > 0 && u > 0.0 && service_s > 0.0 => {
+            u * cap / f64::from(running_seqs)
         }
-    }
-    let capacity_bound = capacity_wait_s > prefill_wait_s;
-    let wait_s = prefill_wait_s.max(capacity_wait_s) + step_residual_s;
-
-    let kv_pressure_factor = match usage {
-        Some(u) if !capacity_bound && u > config.kv_pressure_threshold => {
-            let span = (1.0 - config.kv_pressure_threshold).max(f64::EPSILON);
-            1.0 + config.kv_pressure_gain * ((u - config.kv_pressure_threshold) / span)
-        }
-        _ => 1.0,
+        _ => 0.0,
     };
-
-    let overhead_s = view.prior.overhead_s;
-    let raw_ttft_s = wait_s + (prefill_s + attention_s + steps_s) * kv_pressure_factor + overhead_s;
+    let prefill_s = f64::from(uncached_tokens) / rate;
+    let (u, c) = (f64::from(uncached_tokens), f64::from(cached_tokens));
+    let attention_s = view.prior.prefill_attention_pair_s.max(0.0) * (u * c + u * u / 2.0);
     let correction = view
         .correction
         .clamp(config.correction_min, config.correction_max);
-    // The correction scales the wait only: the wait is what rests on signals the proxy sees
-    // partly or late (other clients' queues, completions); its own prefill is known well.
-    let predicted_ttft_s = raw_ttft_s + wait_s * (correction - 1.0);
+    let overhead_s = view.prior.overhead_s;
+    let engine = Engine {
+        rate,
+        uncached_tokens: f64::from(uncached_tokens),
+        budget_tokens,
+        decode_step_s,
+        running_seqs,
+        service_s,
+        kv_free_tokens,
+        tokens_per_running,
+        usage,
+        prefill_s,
+        attention_s,
+        overhead_s,
+        correction,
+        config,
+    };
+    let dated = engine.wait(queued_prefill_tokens, step_residual_s);
+    let undated = engine.wait(undated_queued, residual(undated_queued, false));
+    let QueueWait {
+        prefill_wait_s,
+        completions_ahead,
+        capacity_wait_s,
+        capacity_bound,
+        steps_s,
+        wait_s,
+        kv_pressure_factor,
+        raw_ttft_s,
+        predicted_ttft_s,
+        ..
+    } = dated;
+    let dating_risk_s = (undated.predicted_ttft_s - predicted_ttft_s).max(0.0);
 
     // What this request costs the ones that will queue behind it. In a steady queue about as many
     // will queue behind it as are ahead of it now. When its prompt does not fit in the free KV
     // blocks, every request admitted while it holds its blocks (about as many as are running, by
     // Little's law) waits for them too.
     let queue_depth_requests = other_waiting_requests.saturating_add(own.awaiting_first_token());
-    let kv_bound = completions_ahead > 0;
+    // Selection parts: read from the undated queue, as the selection ranks by it.
+    let kv_bound = undated.completions_ahead > 0;
     let requests_behind = if kv_bound {
         queue_depth_requests.max(running_seqs)
     } else {
@@ -514,7 +559,7 @@ pub fn predict(
     let marginal_delay_s = if kv_bound {
         completion_share_s.max(prefill_s + attention_s)
     } else {
-        (prefill_s + attention_s) * kv_pressure_factor
+        (prefill_s + attention_s) * undated.kv_pressure_factor
     };
     let queue_cost_s =
         config.queue_cost_weight.max(0.0) * marginal_delay_s * f64::from(requests_behind);
@@ -536,6 +581,7 @@ pub fn predict(
         other_request_tokens,
         others_prefilling_tokens,
         others_queued_tokens,
+        own_queued_left_tokens,
         queued_prefill_tokens,
         running_seqs,
         prefill_tokens_per_second: rate,
@@ -563,14 +609,121 @@ pub fn predict(
         duplicate_tokens: 0,
         miss_cost_s: 0.0,
         substitute_cost_s: 0.0,
-        selection_cost_s: predicted_ttft_s + queue_cost_s,
+        dating_risk_s,
+        undated,
+        selection_cost_s: predicted_ttft_s + dating_risk_s + queue_cost_s,
         signals_fresh: s
             .num_requests_waiting
             .is_some_and(|o| o.is_fresh(now, budget)),
     }
 }
 
+/// What the wait and the TTFT come to for one reading of the queue at the endpoint.
+#[derive(Copy, Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct QueueWait {
+    /// Uncached prompt tokens to prefill before this request's.
+    pub queued_prefill_tokens: f64,
+    /// `queued_prefill_tokens / rate`: the wait if the endpoint is prefill-bound.
+    pub prefill_wait_s: f64,
+    /// Running requests that must complete before this one's prompt fits in the KV cache.
+    pub completions_ahead: u32,
+    /// `completions_ahead × service_s / running_seqs`: the wait if the endpoint is KV-bound.
+    pub capacity_wait_s: f64,
+    /// Whether the capacity-bound wait was the larger (then the KV factor is 1: the shortage is
+    /// modelled by the wait itself).
+    pub capacity_bound: bool,
+    /// The expected rest of the engine step in progress.
+    pub step_residual_s: f64,
+    /// `max(prefill_wait_s, capacity_wait_s) + step_residual_s`.
+    pub wait_s: f64,
+    /// Engine steps until this request's prefill is done, × a decode step.
+    pub steps_s: f64,
+    pub kv_pressure_factor: f64,
+    /// Before correction.
+    pub raw_ttft_s: f64,
+    pub predicted_ttft_s: f64,
+}
+
+/// What one prediction knows of the endpoint apart from its queue: the wait and TTFT for any
+/// reading of the queue follow from it.
+struct Engine<'a> {
+    rate: f64,
+    uncached_tokens: f64,
+    budget_tokens: f64,
+    decode_step_s: f64,
+    running_seqs: u32,
+    service_s: f64,
+    kv_free_tokens: Option<f64>,
+    tokens_per_running: f64,
+    usage: Option<f64>,
+    prefill_s: f64,
+    attention_s: f64,
+    overhead_s: f64,
+    correction: f64,
+    config: &'a PredictConfig,
+}
+
+impl Engine<'_> {
+    fn wait(&self, queued_prefill_tokens: f64, step_residual_s: f64) -> QueueWait {
+        let config = self.config;
+        let prefill_wait_s = queued_prefill_tokens / self.rate;
+        let steps = ((queued_prefill_tokens + self.uncached_tokens) / self.budget_tokens)
+            .ceil()
+            .max(1.0);
+        let steps_s = steps * self.decode_step_s;
+        let mut completions_ahead = 0u32;
+        let mut capacity_wait_s = 0.0;
+        if let Some(free) = self.kv_free_tokens
+            && self.tokens_per_running > 0.0
+        {
+            let shortfall = queued_prefill_tokens + self.uncached_tokens - free;
+            if shortfall > 0.0 {
+                let n = (shortfall / self.tokens_per_running).ceil();
+                completions_ahead = if n >= f64::from(u32::MAX) {
+                    u32::MAX
+                } else {
+                    n as u32
+                };
+                capacity_wait_s = n * self.service_s / f64::from(self.running_seqs);
+            }
+        }
+        let capacity_bound = capacity_wait_s > prefill_wait_s;
+        let wait_s = prefill_wait_s.max(capacity_wait_s) + step_residual_s;
+        let kv_pressure_factor = match self.usage {
+            Some(u) if !capacity_bound && u > config.kv_pressure_threshold => {
+                let span = (1.0 - config.kv_pressure_threshold).max(f64::EPSILON);
+                1.0 + config.kv_pressure_gain * ((u - config.kv_pressure_threshold) / span)
+            }
+            _ => 1.0,
+        };
+        let raw_ttft_s = wait_s
+            + (self.prefill_s + self.attention_s + steps_s) * kv_pressure_factor
+            + self.overhead_s;
+        // The correction scales the wait only: the wait is what rests on signals the proxy sees
+        // partly or late (other clients' queues, completions); its own prefill is known well.
+        let predicted_ttft_s = raw_ttft_s + wait_s * (self.correction - 1.0);
+        QueueWait {
+            queued_prefill_tokens,
+            prefill_wait_s,
+            completions_ahead,
+            capacity_wait_s,
+            capacity_bound,
+            step_residual_s,
+            wait_s,
+            steps_s,
+            kv_pressure_factor,
+            raw_ttft_s,
+            predicted_ttft_s,
+        }
+    }
+}
+
 impl Prediction {
+    /// The TTFT the selection ranks by: the prediction with its dating risk.
+    pub fn ranked_ttft_s(&self) -> f64 {
+        self.predicted_ttft_s + self.dating_risk_s
+    }
+
     /// Charges the prefix this endpoint would duplicate: `best_cached_tokens` is the most any
     /// candidate of the same model has cached for this prompt.
     pub fn charge_duplicate_prefix(&mut self, best_cached_tokens: u32, config: &PredictConfig) {
@@ -579,12 +732,12 @@ impl Prediction {
             .saturating_sub(self.cached_tokens);
         self.miss_cost_s = config.miss_cost_weight.max(0.0) * f64::from(self.duplicate_tokens)
             / self.prefill_tokens_per_second.max(1.0);
-        self.selection_cost_s = self.predicted_ttft_s + self.queue_cost_s + self.miss_cost_s;
+        self.selection_cost_s = self.ranked_ttft_s() + self.queue_cost_s + self.miss_cost_s;
     }
 
     /// Charges a candidate of a substitute model (not the requested one) `margin` of its cost.
     pub fn charge_substitute(&mut self, margin: f64) {
-        let base = self.predicted_ttft_s + self.queue_cost_s + self.miss_cost_s;
+        let base = self.ranked_ttft_s() + self.queue_cost_s + self.miss_cost_s;
         self.substitute_cost_s = margin.max(0.0) * base;
         self.selection_cost_s = base + self.substitute_cost_s;
     }
@@ -617,8 +770,10 @@ mod tests {
                 predicted_non_prefill_s: 0.0,
                 kv_pressure_factor: 1.0,
                 predicted_raw_ttft_s: 0.1,
-                predicted_wait_s: 0.0,
+                predicted_wait_s: 0.3,
                 teaches_rate: true,
+                // Behind the queue they joined: not begun by the time of the example.
+                prefill_expected_at: t(1.2),
             });
         }
         let signals = Signals {
@@ -727,14 +882,123 @@ mod tests {
         let p = predict_at(&own, 1.05);
         assert!(close(p.step_elapsed_s.unwrap(), 0.006));
         assert!(close(p.step_residual_s, 0.015));
-        // 200 ms without a token: a prefill chunk is running; a quarter of that again remains.
+        // 200 ms without a token: a prefill chunk is running. Read as the scrape shows the queue,
+        // a quarter of that again remains (the dated reading is the next test's).
         let p = predict_at(&own, 1.244);
-        assert!(close(p.step_residual_s, 0.25 * 0.2));
+        assert!(close(p.undated.step_residual_s, 0.25 * 0.2));
         // Longer than any step can be (2 × (8,192 / 10,000 + 0.021) s): not a step time. (The
         // scrape is stale by then: the running batch is the own stream alone, a 20.1 ms step.)
         let p = predict_at(&own, 1.044 + 2.0);
         assert_eq!(p.step_elapsed_s, None);
         assert!(close(p.step_residual_s, 0.5 * 0.0201));
+    }
+
+    #[test]
+    fn a_long_step_dates_the_queue_it_is_working_through() {
+        let (mut signals, mut own) = example();
+        let prior = ModelPrior::default();
+        let cfg = PredictConfig::default();
+        // Request 1 streams; its latest token came at 1.044 and none since: a long step (a
+        // prefill chunk) began then. The scrape at 1.1 reads the gauges vLLM published at 1.044:
+        // 5 waiting, one of them own request 2 (500 tokens), so 4 × 1,000 tokens of others'.
+        own.first_token(1, t(1.0));
+        own.token(1, t(1.044));
+        signals.num_requests_waiting = Some(Observed::new(5, t(1.1)));
+        signals.num_requests_running = Some(Observed::new(10, t(1.1)));
+        let at = |own: &InFlight, now: f64| {
+            predict(
+                &example_view(&signals, own, &prior),
+                8_000,
+                None,
+                t(now),
+                &cfg,
+            )
+        };
+        let p = at(&own, 1.244);
+        assert!(close(p.step_elapsed_s.unwrap(), 0.2));
+        // The step has worked 0.2 s × 10,000 tokens/s through the 4,000 it began with, others'
+        // first; own request 2 comes after them, none of it done yet.
+        assert!(close(p.others_queued_tokens, 2_000.0));
+        assert!(close(p.own_queued_left_tokens, 500.0));
+        // The step's rest is that work: no residual on top.
+        assert!(close(p.step_residual_s, 0.0));
+        assert!(close(p.wait_s, 0.25));
+        // Undated: others' 4,000 less only the 0.144 s since the scrape, own 500 in full, and a
+        // quarter of the 200 ms step again.
+        assert!(close(p.undated.queued_prefill_tokens, 2_560.0 + 500.0));
+        assert!(close(p.undated.step_residual_s, 0.05));
+        assert!(close(p.undated.wait_s, 0.356));
+        // An own request sent after the step began waits in full.
+        own.dispatch(InFlightRequest {
+            id: 3,
+            dispatched_at: t(1.1),
+            prompt_tokens: 700,
+            uncached_tokens: 700,
+            first_token_at: None,
+            last_token_at: None,
+            predicted_non_prefill_s: 0.0,
+            kv_pressure_factor: 1.0,
+            predicted_raw_ttft_s: 0.1,
+            predicted_wait_s: 0.0,
+            teaches_rate: true,
+            prefill_expected_at: t(1.1),
+        });
+        assert!(close(at(&own, 1.244).own_queued_left_tokens, 500.0 + 700.0));
+        // At 1.5 the step (0.456 s) has done all it began with: the work it is on is unknown
+        // again, and a quarter of its length is taken to remain.
+        let p = at(&own, 1.5);
+        assert!(close(p.others_queued_tokens, 0.0));
+        assert!(close(p.own_queued_left_tokens, 700.0));
+        assert!(close(p.step_residual_s, 0.25 * 0.456));
+    }
+
+    #[test]
+    fn own_requests_without_a_long_step_are_dated_by_their_schedule() {
+        let (signals, own) = example();
+        let prior = ModelPrior::default();
+        let cfg = PredictConfig::default();
+        let at = |now: f64| {
+            predict(
+                &example_view(&signals, &own, &prior),
+                8_000,
+                None,
+                t(now),
+                &cfg,
+            )
+        };
+        // Both own requests (1,000 and 500 tokens) were predicted to begin at 1.2: untouched
+        // before, then worked through at 10,000 tokens/s each.
+        assert!(close(at(1.15).own_queued_left_tokens, 1_500.0));
+        assert!(close(at(1.23).own_queued_left_tokens, 700.0 + 200.0));
+        assert!(close(at(1.3).own_queued_left_tokens, 0.0));
+        // The undated reading counts them in full until their first tokens.
+        assert!(close(at(1.3).undated.queued_prefill_tokens, 1_500.0));
+    }
+
+    #[test]
+    fn the_selection_ranks_by_the_undated_queue() {
+        let (signals, mut own) = example();
+        let prior = ModelPrior::default();
+        own.first_token(1, t(1.0));
+        own.token(1, t(1.044));
+        let mut p = predict(
+            &example_view(&signals, &own, &prior),
+            8_000,
+            None,
+            t(1.244),
+            &PredictConfig::default(),
+        );
+        assert!(p.dating_risk_s > 0.0);
+        assert!(close(p.ranked_ttft_s(), p.undated.predicted_ttft_s));
+        assert!(close(
+            p.selection_cost_s,
+            p.undated.predicted_ttft_s + p.queue_cost_s
+        ));
+        p.charge_substitute(0.5);
+        assert!(close(
+            p.selection_cost_s,
+            1.5 * (p.undated.predicted_ttft_s + p.queue_cost_s)
+        ));
     }
 
     #[test]
@@ -986,10 +1250,13 @@ mod tests {
         assert_eq!(p.other_waiting_requests, 0);
         assert_eq!(p.running_seqs, 0);
         assert!(close(p.kv_pressure_factor, 1.0));
-        assert!(close(p.queued_prefill_tokens, 1_500.0));
-        // 0.15 s of own queue, half a 20 ms step in progress, the prefill, one step (5,500 tokens
-        // fit in one), the overhead.
-        assert!(close(p.raw_ttft_s, 0.15 + 0.01 + 0.4 + 0.02 + 0.01));
+        // The own requests were predicted to begin at 1.2; by 1.6 their schedule has them done.
+        assert!(close(p.queued_prefill_tokens, 0.0));
+        assert!(close(p.raw_ttft_s, 0.4 + 0.02 + 0.01));
+        // Read undated: 0.15 s of own queue, half a 20 ms step in progress, the prefill, one step
+        // (5,500 tokens fit in one), the overhead.
+        assert!(close(p.undated.queued_prefill_tokens, 1_500.0));
+        assert!(close(p.undated.raw_ttft_s, 0.15 + 0.01 + 0.4 + 0.02 + 0.01));
         // Only own requests are known to queue: 2, each 0.4 s longer behind this one.
         assert_eq!(p.requests_behind, 2);
         assert!(close(p.queue_cost_s, 0.8));

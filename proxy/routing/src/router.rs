@@ -636,11 +636,15 @@ impl Router {
             uncached_tokens: p.uncached_tokens,
             first_token_at: None,
             last_token_at: None,
-            predicted_non_prefill_s: p.raw_ttft_s - p.prefill_s * p.kv_pressure_factor,
-            kv_pressure_factor: p.kv_pressure_factor,
-            predicted_raw_ttft_s: p.raw_ttft_s,
-            predicted_wait_s: p.wait_s,
-            teaches_rate: !p.capacity_bound && p.queued_prefill_tokens == 0.0,
+            // Learning reads the undated queue, as the selection does (`Prediction::undated`).
+            predicted_non_prefill_s: p.undated.raw_ttft_s
+                - p.prefill_s * p.undated.kv_pressure_factor,
+            kv_pressure_factor: p.undated.kv_pressure_factor,
+            predicted_raw_ttft_s: p.undated.raw_ttft_s,
+            predicted_wait_s: p.undated.wait_s,
+            teaches_rate: !p.undated.capacity_bound && p.undated.queued_prefill_tokens == 0.0,
+            prefill_expected_at: now
+                + Duration::try_from_secs_f64(p.wait_s * p.correction).unwrap_or_default(),
         });
         if p.uncached_tokens > 0 && !prompt.hashes().is_empty() {
             st.pending_prompts
