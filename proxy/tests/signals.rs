@@ -1,7 +1,8 @@
 //! The proxy's signals over real processes: vLLM KV events from simulated replicas feeding the
 //! precise prefix index, first-token feedback from non-stream responses, and vLLM's `GET /load`
-//! (the replicas run with `--enable-server-load-tracking`) counting another client's stream, and
-//! the proxy's own stream timing the engine step in progress.
+//! (the replicas run with `--enable-server-load-tracking`) counting another client's stream, the
+//! proxy's own stream timing the engine step in progress, and a long prompt of its own dated by
+//! its schedule in the next decisions.
 //!
 //! Two `vllm-sim` replicas of glm-5.3 publish KV events on their serving port + 1; the
 //! controller serves the example policy with the glm-5.3 InferencePool annotated
@@ -491,4 +492,69 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
         },
     )
     .await;
+
+    // A long prompt of this proxy's own (about 70,000 tokens, seconds of prefill on glm-5.3)
+    // before its first token: the next decisions date it by the schedule predicted when it was
+    // sent (the endpoint has been prefilling it since), while the undated reading the selection
+    // ranks by still counts all of it.
+    let long: String = (0..40_000).map(|i| format!("w{i} ")).collect();
+    let long_request = {
+        let http = env.http.clone();
+        let url = format!("{}/v1/chat/completions", env.base);
+        tokio::spawn(async move {
+            http.post(url)
+                .header("x-request-id", "long-0")
+                .json(&json!({
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": long}],
+                    "max_tokens": 1,
+                }))
+                .send()
+                .await
+                .map(|r| r.status())
+        })
+    };
+    let long_on = wait_until(
+        "the proxy dispatches the long prompt",
+        Duration::from_secs(20),
+        || async {
+            let records = env.get("/debug/decisions?request_id=long-0").await;
+            let record = records.get(0)?;
+            chosen(record)["endpoint"].as_str().map(str::to_string)
+        },
+    )
+    .await;
+    let mut n = 0;
+    let dated = wait_until(
+        "a decision dates the long prompt's prefill by its schedule",
+        Duration::from_secs(20),
+        || {
+            n += 1;
+            let id = format!("dated-{n}");
+            let (env, long_on) = (&env, &long_on);
+            async move {
+                env.chat("Hello while the long prompt is prefilled.", &id)
+                    .await;
+                let record = env.decision(&id).await;
+                let p = candidate(&record, long_on)["prediction"].clone();
+                let own = p["own_queued_prefill_tokens"].as_f64()?;
+                let left = p["own_queued_left_tokens"].as_f64()?;
+                (p["own_awaiting_first_token"] == 1 && left < own).then_some(p)
+            }
+        },
+    )
+    .await;
+    let own = dated["own_queued_prefill_tokens"].as_f64().unwrap();
+    assert!(own > 50_000.0, "{dated}");
+    let undated = dated["undated"]["queued_prefill_tokens"].as_f64().unwrap();
+    assert!(undated >= own, "{dated}");
+    let risk = dated["dating_risk_s"].as_f64().unwrap();
+    let predicted = dated["predicted_ttft_s"].as_f64().unwrap();
+    let ranked = dated["undated"]["predicted_ttft_s"].as_f64().unwrap();
+    assert!(
+        risk > 0.0 && (predicted + risk - ranked).abs() < 1e-6,
+        "{dated}"
+    );
+    // Nothing is lost: the long prompt is answered.
+    assert_eq!(long_request.await.unwrap().unwrap(), 200);
 }
