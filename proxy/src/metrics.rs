@@ -15,7 +15,7 @@
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, histogram::Histogram},
-    registry::Registry,
+    registry::{Metric, Registry},
 };
 use std::sync::{Arc, atomic::AtomicU64};
 
@@ -185,182 +185,162 @@ impl Default for Metrics {
     }
 }
 
+/// Registers `metric` under `name` and hands it back, for the struct that keeps it.
+fn registered<M: Metric + Clone>(r: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    r.register(name, help, metric.clone());
+    metric
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let mut r = Registry::with_prefix("kinference_proxy");
-        let requests = Family::default();
-        r.register("requests", "Requests answered", requests.clone());
-        let errors = Family::default();
-        r.register(
-            "errors",
-            "Requests answered with an error, by status",
-            errors.clone(),
-        );
-        let ttft_seconds: Hist<RequestLabels> = hist(latency_histogram);
-        r.register(
-            "ttft_seconds",
-            "Time to first token observed by the proxy (streaming requests)",
-            ttft_seconds.clone(),
-        );
-        let inter_token_latency_seconds: Hist<RequestLabels> = hist(itl_histogram);
-        r.register(
-            "inter_token_latency_seconds",
-            "Gaps between streamed tokens",
-            inter_token_latency_seconds.clone(),
-        );
-        let request_duration_seconds: Hist<RequestLabels> = hist(latency_histogram);
-        r.register(
-            "request_duration_seconds",
-            "End-to-end request latency, from arrival to the last byte",
-            request_duration_seconds.clone(),
-        );
-        let prompt_tokens = Family::default();
-        r.register(
-            "prompt_tokens",
-            "Prompt tokens, as the server reported",
-            prompt_tokens.clone(),
-        );
-        let cached_prompt_tokens = Family::default();
-        r.register(
-            "cached_prompt_tokens",
-            "Prompt tokens served from the prefix cache",
-            cached_prompt_tokens.clone(),
-        );
-        let completion_tokens = Family::default();
-        r.register(
-            "completion_tokens",
-            "Completion tokens",
-            completion_tokens.clone(),
-        );
-        let cost_usd = Family::default();
-        r.register(
-            "cost_usd",
-            "Cost of the tokens at the policy's prices",
-            cost_usd.clone(),
-        );
-        let decision_duration_seconds: Hist<TenantLabels> = hist(decision_histogram);
-        r.register(
-            "decision_duration_seconds",
-            "Time to classify, apply policy and decide",
-            decision_duration_seconds.clone(),
-        );
-        let prediction_error_seconds: Hist<RequestLabels> = hist(latency_histogram);
-        r.register(
-            "prediction_error_seconds",
-            "Absolute difference between observed and predicted TTFT",
-            prediction_error_seconds.clone(),
-        );
-        let decisions = Family::default();
-        r.register(
-            "decisions",
-            "Routing decisions by reason",
-            decisions.clone(),
-        );
-        let fallbacks = Family::default();
-        r.register(
-            "fallbacks",
-            "Decisions that fell back from prediction",
-            fallbacks.clone(),
-        );
-        let stale_signals = Family::default();
-        r.register(
-            "stale_signals",
-            "Candidate endpoints whose scraped signals were older than the freshness budget",
-            stale_signals.clone(),
-        );
-        let retries = Family::default();
-        r.register(
-            "retries",
-            "Attempts retried on the next-best endpoint",
-            retries.clone(),
-        );
-        let scrape_errors = Family::default();
-        r.register(
-            "scrape_errors",
-            "Failed scrapes of endpoint metrics",
-            scrape_errors.clone(),
-        );
-        let kv_event_batches = Family::default();
-        r.register(
-            "kv_event_batches",
-            "vLLM KV-event batches applied to the precise prefix index",
-            kv_event_batches.clone(),
-        );
-        let kv_event_errors = Family::default();
-        r.register(
-            "kv_event_errors",
-            "Failures on KV-event streams (sequence_gap and decode lose events and clear the endpoint's index)",
-            kv_event_errors.clone(),
-        );
-        let endpoint_ttft_seconds: Hist<EndpointLabels> = hist(latency_histogram);
-        r.register(
-            "endpoint_ttft_seconds",
-            "TTFT observed by the proxy per endpoint, from dispatch (streams whose prediction is known)",
-            endpoint_ttft_seconds.clone(),
-        );
-        let endpoint_predicted_ttft_seconds: Hist<EndpointLabels> = hist(latency_histogram);
-        r.register(
-            "endpoint_predicted_ttft_seconds",
-            "TTFT predicted for the same requests as endpoint_ttft_seconds",
-            endpoint_predicted_ttft_seconds.clone(),
-        );
-        let endpoint_prediction_error_seconds: Hist<EndpointLabels> = hist(latency_histogram);
-        r.register(
-            "endpoint_prediction_error_seconds",
-            "Absolute difference between observed and predicted TTFT, per endpoint",
-            endpoint_prediction_error_seconds.clone(),
-        );
-        let rule_decisions = Family::default();
-        r.register(
-            "rule_decisions",
-            "Routing decisions whose policy evaluation matched a rule, by the model chosen",
-            rule_decisions.clone(),
-        );
-        let connections = Family::default();
-        r.register(
-            "connections",
-            "Connections accepted on the outbound listener, by how they were served",
-            connections.clone(),
-        );
-        let forward_errors = Family::default();
-        r.register(
-            "forward_errors",
-            "Redirected connections forwarded as plain TCP that failed, by reason",
-            forward_errors.clone(),
-        );
-        let target_evictions = Counter::default();
-        r.register(
-            "target_evictions",
-            "Stacks of redirected inference targets stopped after their idle timeout",
-            target_evictions.clone(),
-        );
         Self {
+            requests: registered(&mut r, "requests", "Requests answered", Family::default()),
+            errors: registered(
+                &mut r,
+                "errors",
+                "Requests answered with an error, by status",
+                Family::default(),
+            ),
+            ttft_seconds: registered(
+                &mut r,
+                "ttft_seconds",
+                "Time to first token observed by the proxy (streaming requests)",
+                hist(latency_histogram),
+            ),
+            inter_token_latency_seconds: registered(
+                &mut r,
+                "inter_token_latency_seconds",
+                "Gaps between streamed tokens",
+                hist(itl_histogram),
+            ),
+            request_duration_seconds: registered(
+                &mut r,
+                "request_duration_seconds",
+                "End-to-end request latency, from arrival to the last byte",
+                hist(latency_histogram),
+            ),
+            prompt_tokens: registered(
+                &mut r,
+                "prompt_tokens",
+                "Prompt tokens, as the server reported",
+                Family::default(),
+            ),
+            cached_prompt_tokens: registered(
+                &mut r,
+                "cached_prompt_tokens",
+                "Prompt tokens served from the prefix cache",
+                Family::default(),
+            ),
+            completion_tokens: registered(
+                &mut r,
+                "completion_tokens",
+                "Completion tokens",
+                Family::default(),
+            ),
+            cost_usd: registered(
+                &mut r,
+                "cost_usd",
+                "Cost of the tokens at the policy's prices",
+                Family::default(),
+            ),
+            decision_duration_seconds: registered(
+                &mut r,
+                "decision_duration_seconds",
+                "Time to classify, apply policy and decide",
+                hist(decision_histogram),
+            ),
+            prediction_error_seconds: registered(
+                &mut r,
+                "prediction_error_seconds",
+                "Absolute difference between observed and predicted TTFT",
+                hist(latency_histogram),
+            ),
+            decisions: registered(
+                &mut r,
+                "decisions",
+                "Routing decisions by reason",
+                Family::default(),
+            ),
+            fallbacks: registered(
+                &mut r,
+                "fallbacks",
+                "Decisions that fell back from prediction",
+                Family::default(),
+            ),
+            stale_signals: registered(
+                &mut r,
+                "stale_signals",
+                "Candidate endpoints whose scraped signals were older than the freshness budget",
+                Family::default(),
+            ),
+            retries: registered(
+                &mut r,
+                "retries",
+                "Attempts retried on the next-best endpoint",
+                Family::default(),
+            ),
+            scrape_errors: registered(
+                &mut r,
+                "scrape_errors",
+                "Failed scrapes of endpoint metrics",
+                Family::default(),
+            ),
+            kv_event_batches: registered(
+                &mut r,
+                "kv_event_batches",
+                "vLLM KV-event batches applied to the precise prefix index",
+                Family::default(),
+            ),
+            kv_event_errors: registered(
+                &mut r,
+                "kv_event_errors",
+                "Failures on KV-event streams (sequence_gap and decode lose events and clear the endpoint's index)",
+                Family::default(),
+            ),
+            endpoint_ttft_seconds: registered(
+                &mut r,
+                "endpoint_ttft_seconds",
+                "TTFT observed by the proxy per endpoint, from dispatch (streams whose prediction is known)",
+                hist(latency_histogram),
+            ),
+            endpoint_predicted_ttft_seconds: registered(
+                &mut r,
+                "endpoint_predicted_ttft_seconds",
+                "TTFT predicted for the same requests as endpoint_ttft_seconds",
+                hist(latency_histogram),
+            ),
+            endpoint_prediction_error_seconds: registered(
+                &mut r,
+                "endpoint_prediction_error_seconds",
+                "Absolute difference between observed and predicted TTFT, per endpoint",
+                hist(latency_histogram),
+            ),
+            rule_decisions: registered(
+                &mut r,
+                "rule_decisions",
+                "Routing decisions whose policy evaluation matched a rule, by the model chosen",
+                Family::default(),
+            ),
+            connections: registered(
+                &mut r,
+                "connections",
+                "Connections accepted on the outbound listener, by how they were served",
+                Family::default(),
+            ),
+            forward_errors: registered(
+                &mut r,
+                "forward_errors",
+                "Redirected connections forwarded as plain TCP that failed, by reason",
+                Family::default(),
+            ),
+            target_evictions: registered(
+                &mut r,
+                "target_evictions",
+                "Stacks of redirected inference targets stopped after their idle timeout",
+                Counter::default(),
+            ),
             registry: Arc::new(r),
-            requests,
-            errors,
-            ttft_seconds,
-            inter_token_latency_seconds,
-            request_duration_seconds,
-            prompt_tokens,
-            cached_prompt_tokens,
-            completion_tokens,
-            cost_usd,
-            decision_duration_seconds,
-            prediction_error_seconds,
-            decisions,
-            fallbacks,
-            stale_signals,
-            retries,
-            scrape_errors,
-            kv_event_batches,
-            kv_event_errors,
-            endpoint_ttft_seconds,
-            endpoint_predicted_ttft_seconds,
-            endpoint_prediction_error_seconds,
-            rule_decisions,
-            connections,
-            forward_errors,
-            target_evictions,
         }
     }
 
