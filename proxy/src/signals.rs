@@ -65,6 +65,7 @@ pub fn to_scrape(m: &VllmMetrics) -> Scrape {
             _ => None,
         },
         server_load: None,
+        generation_tokens: tokens(m.generation_tokens),
     }
 }
 

@@ -356,7 +356,7 @@ pub const REQUESTS_CSV_HEADER: &str = "arrived_s,replica,prompt_tokens,cached_to
 predicted_ttft_s,pred_cached_tokens,pred_wait_s,pred_prefill_wait_s,pred_capacity_wait_s,pred_prefill_s,\
 pred_attention_s,pred_steps_s,pred_step_residual_s,pred_kv_pressure_factor,pred_correction,pred_queued_prefill_tokens,\
 pred_others_prefilling_tokens,pred_other_waiting,pred_own_awaiting,pred_running,pred_rate_tps,pred_kv_usage,\
-pred_waiting_age_s,pred_own_queued_left_tokens,pred_dating_risk_s,true_step_residual_s,true_backlog_tokens,true_running,true_waiting";
+pred_waiting_age_s,pred_own_queued_left_tokens,pred_undated_ttft_s,pred_published_age_s,true_step_residual_s,true_backlog_tokens,true_running,true_waiting";
 
 /// One row per request of a cell, with the prediction's inputs where the strategy predicts: the
 /// raw material for studying where prediction error comes from (`--dump-requests`).
@@ -381,7 +381,7 @@ pub fn requests_csv(outcomes: &[Outcome]) -> String {
             Some(p) => {
                 let _ = write!(
                     s,
-                    ",{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.4},{:.4},{:.1},{:.1},{},{},{},{:.1},{},{},{:.1},{:.6}",
+                    ",{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.4},{:.4},{:.1},{:.1},{},{},{},{:.1},{},{},{:.1},{:.6},{}",
                     p.cached_tokens,
                     p.wait_s,
                     p.prefill_wait_s,
@@ -403,10 +403,12 @@ pub fn requests_csv(outcomes: &[Outcome]) -> String {
                     p.reported_waiting
                         .map_or(String::new(), |u| format!("{:.4}", u.age_s)),
                     p.own_queued_left_tokens,
-                    p.dating_risk_s,
+                    p.undated.predicted_ttft_s,
+                    p.published_age_s
+                        .map_or(String::new(), |a| format!("{a:.4}")),
                 );
             }
-            None => s.push_str(&",".repeat(20)),
+            None => s.push_str(&",".repeat(21)),
         }
         match &o.at_arrival {
             Some(t) => {

@@ -29,6 +29,8 @@ pub struct Scraped {
     /// `GET /load`, polled with the metrics, when the replicas track it
     /// (`--enable-server-load-tracking`): requests in the API server, counted on arrival.
     pub server_load: Option<u32>,
+    /// `vllm:generation_tokens_total`.
+    pub generation_tokens: u64,
 }
 
 impl Scraped {
@@ -43,6 +45,7 @@ impl Scraped {
             prefix_cache_hits_tokens: stats.prefix_cache_hits,
             prompt_tokens: stats.prompt_tokens,
             server_load: None,
+            generation_tokens: stats.generation_tokens,
         }
     }
 }

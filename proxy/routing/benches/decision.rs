@@ -46,6 +46,7 @@ fn warmed_router(config: RouterConfig) -> Router {
                     prefix_cache: None,
                     // Some requests arrived during the engine step in progress.
                     server_load: Some((i % 5 + (i % 7) * 4 + i % 3) as u32),
+                    generation_tokens: Some(1_000 * i as u64),
                 },
                 now,
             )

@@ -169,6 +169,49 @@ pub struct Signals {
     /// as they arrive. The scheduler's gauges change only when an engine step ends; this one
     /// already counts what every client sent during the step in progress.
     pub server_load: Option<Observed<u32>>,
+    /// What the engine published as of the latest scrape that read it.
+    pub engine_state: Option<EngineState>,
+    /// When the engine published it, as the scrapes bracket it.
+    pub publication: Option<Publication>,
+}
+
+/// What vLLM publishes when an engine step ends, as far as telling one publication from the next
+/// goes: the generated-token counter moves at every step that decodes, the KV usage and the
+/// prefix-cache counters with every prefill chunk, the gauges with every admission.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineState {
+    pub generation_tokens: u64,
+    pub kv_cache_usage_bits: Option<u64>,
+    pub num_requests_waiting: Option<u32>,
+    pub num_requests_running: Option<u32>,
+    pub prefix_cache_queries_tokens: Option<u64>,
+    pub prompt_tokens: Option<u64>,
+}
+
+/// When an endpoint's engine published the state its latest scrapes read. vLLM rewrites its
+/// metrics when an engine step ends; a scrape during a step reads what the step before it
+/// published, however long ago. Scrapes every 50 ms bracket each publication.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct Publication {
+    /// The latest scrape that read the state before (the publication came after it); the first
+    /// scrape's own time when there was none.
+    pub after: Time,
+    /// The first scrape that read it (the publication came by then).
+    pub by: Time,
+    /// The latest scrape that still read it.
+    pub still: Time,
+}
+
+impl Publication {
+    /// The expected time of the publication: the middle of its bracket.
+    pub fn estimate(&self) -> Time {
+        Time::from_since_epoch((self.after.since_epoch() + self.by.since_epoch()) / 2)
+    }
+
+    /// How long scrapes have read the same state: no engine step ended in that time.
+    pub fn unchanged_for(&self) -> Duration {
+        self.still.saturating_since(self.by)
+    }
 }
 
 /// One scrape of an endpoint's metrics: every field present is stamped with `at`.
@@ -182,6 +225,8 @@ pub struct Scrape {
     pub prefix_cache: Option<PrefixCacheCounters>,
     /// vLLM's `GET /load`, when the endpoint tracks it.
     pub server_load: Option<u32>,
+    /// `vllm:generation_tokens_total`; without it publications are not told apart.
+    pub generation_tokens: Option<u64>,
 }
 
 impl Signals {
@@ -212,6 +257,32 @@ impl Signals {
         set(&mut self.kv_cache_usage, usage, at);
         set(&mut self.cache_config, scrape.cache_config, at);
         set(&mut self.server_load, scrape.server_load, at);
+        if let Some(generation_tokens) = scrape.generation_tokens
+            && self.publication.is_none_or(|p| p.still <= at)
+        {
+            let state = EngineState {
+                generation_tokens,
+                kv_cache_usage_bits: scrape.kv_cache_usage.map(f64::to_bits),
+                num_requests_waiting: scrape.num_requests_waiting,
+                num_requests_running: scrape.num_requests_running,
+                prefix_cache_queries_tokens: scrape.prefix_cache.map(|c| c.queries_tokens),
+                prompt_tokens: scrape.prefix_cache.and_then(|c| c.prompt_tokens),
+            };
+            self.publication = Some(match self.publication {
+                Some(p) if self.engine_state == Some(state) => Publication { still: at, ..p },
+                Some(p) => Publication {
+                    after: p.still,
+                    by: at,
+                    still: at,
+                },
+                None => Publication {
+                    after: at,
+                    by: at,
+                    still: at,
+                },
+            });
+            self.engine_state = Some(state);
+        }
         if let Some(counters) = scrape.prefix_cache {
             if let Some(prev) = self.prefix_cache.filter(|p| p.at <= at) {
                 let queries = counters
@@ -244,6 +315,47 @@ impl Signals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scrapes_bracket_each_publication_of_the_engine() {
+        let t = Time::from_secs_f64;
+        let mut s = Signals::default();
+        let scrape = |generation: u64, waiting: u32| Scrape {
+            num_requests_waiting: Some(waiting),
+            num_requests_running: Some(2),
+            generation_tokens: Some(generation),
+            ..Scrape::default()
+        };
+        s.apply(&scrape(100, 1), t(1.0));
+        let p = s.publication.unwrap();
+        assert_eq!((p.after, p.by, p.still), (t(1.0), t(1.0), t(1.0)));
+        // The same state read again: no step ended in between.
+        s.apply(&scrape(100, 1), t(1.05));
+        let p = s.publication.unwrap();
+        assert_eq!((p.by, p.still), (t(1.0), t(1.05)));
+        assert_eq!(p.unchanged_for(), Duration::from_millis(50));
+        // A new state: published after the last scrape of the old one, by this one.
+        s.apply(&scrape(120, 1), t(1.1));
+        let p = s.publication.unwrap();
+        assert_eq!((p.after, p.by, p.still), (t(1.05), t(1.1), t(1.1)));
+        assert_eq!(p.estimate(), t(1.075));
+        // Any published value counts: the counter still, the queue moved.
+        s.apply(&scrape(120, 0), t(1.15));
+        assert_eq!(s.publication.unwrap().by, t(1.15));
+        // An older scrape delivered late changes nothing.
+        s.apply(&scrape(90, 3), t(1.12));
+        assert_eq!(s.publication.unwrap().by, t(1.15));
+        // Without the generated-token counter publications are not told apart.
+        let mut bare = Signals::default();
+        bare.apply(
+            &Scrape {
+                generation_tokens: None,
+                ..scrape(0, 1)
+            },
+            t(1.0),
+        );
+        assert_eq!(bare.publication, None);
+    }
 
     #[test]
     fn scrape_stamps_each_signal_and_ignores_older_scrapes() {

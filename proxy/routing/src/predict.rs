@@ -329,16 +329,17 @@ pub struct Prediction {
     /// (ranked_ttft_s + queue_cost_s + miss_cost_s)`, so a substitute wins only when clearly
     /// faster; else 0.
     pub substitute_cost_s: f64,
-    /// `ranked_ttft_s + queue_cost_s + miss_cost_s + substitute_cost_s` (the ranked TTFT is
-    /// `predicted_ttft_s + dating_risk_s`): what the selection minimises.
+    /// `ranked_ttft_s + queue_cost_s + miss_cost_s + substitute_cost_s` (the ranked TTFT is the
+    /// undated reading's): what the selection minimises.
     pub selection_cost_s: f64,
-    /// `undated.predicted_ttft_s − predicted_ttft_s` (never below 0): the work the prediction
-    /// takes as under way on the evidence of a long step, charged back in the selection.
-    pub dating_risk_s: f64,
+    /// How long ago the engine published what the scrapes read (the middle of the bracket the
+    /// scrapes put around it), when they tell publications apart (`vllm:generation_tokens_total`
+    /// scraped, the latest scrape within the freshness budget).
+    pub published_age_s: Option<f64>,
     /// The same prediction with the queue as the scrape shows it: others' work less what the
-    /// engine did since the scrape, own queued work in full, and a long step's rest a fraction
-    /// of its length. The selection ranks by it (`dating_risk_s`) and the prefill rate and the
-    /// correction learn from it.
+    /// engine did since the scrape, own queued work in full, and a long step's rest (timed by an
+    /// own stream) a fraction of its length. The selection ranks by it (`ranked_ttft_s`) and the
+    /// prefill rate and the correction learn from it.
     pub undated: QueueWait,
     /// Whether the endpoint's scraped queue (`num_requests_waiting`) was within the freshness budget.
     pub signals_fresh: bool,
@@ -435,16 +436,32 @@ pub fn predict(
         .map_or(0.0, |o| o.age(now).as_secs_f64());
     let undated_queued = own_queued as f64 + (others_at_scrape - scrape_age_s * rate).max(0.0);
 
-    // The queue dated by what the engine has under way. A long step (a prefill chunk) in progress
-    // began at the latest token of a stream, and vLLM publishes its gauges when a step ends, so a
-    // scrape taken since reads the queue as it was when the step began: the step has been working
-    // through that queue (others' work first, as it was reported first) and the own requests sent
-    // before it began; own requests sent since wait in full. Without a long step, others' work is
-    // dated from the scrape and each own request by the schedule predicted when it was sent: its
-    // prefill began when its predicted wait ran out and has gone on at the endpoint's rate.
+    // The queue dated by what the engine has under way. vLLM publishes its gauges and counters when
+    // a step ends, so a scrape reads the queue as the last step end left it: the engine has been
+    // working through it since. When that was, the scrapes bracket (the publication's estimate:
+    // the middle between the last scrape that read the state before and the first that read this
+    // one). A long step (a prefill chunk) in progress began at the latest token of an own stream,
+    // or, without one, at that publication when scrapes have read it unchanged for longer than a
+    // decode step. The long step has been working through the queue it began with (others' work
+    // first, as it was reported first) and the own requests sent before it began; own requests
+    // sent since wait in full. Without a long step, others' work is dated from the publication
+    // and each own request by the schedule predicted when it was sent: its prefill began when its
+    // predicted wait ran out and has gone on at the endpoint's rate.
+    let publication = s
+        .publication
+        .filter(|p| now.saturating_since(p.still) <= budget);
+    let published_age_s = publication.map(|p| {
+        now.saturating_since(p.estimate())
+            .as_secs_f64()
+            .min(longest_step_s)
+    });
+    let scraped_long_step = publication
+        .filter(|p| running_seqs > 0 && p.unchanged_for().as_secs_f64() >= decode_step_s)
+        .and_then(|p| published_age_s.map(|age| (age, p.estimate())));
     let long_step = step_elapsed_s
         .filter(|e| *e >= decode_step_s)
-        .zip(own.last_step_end());
+        .zip(own.last_step_end())
+        .or(scraped_long_step);
     let (others_queued_tokens, own_queued_left_tokens, long_step_work_left) = match long_step {
         Some((elapsed_s, began)) => {
             let others_at_start =
@@ -461,14 +478,14 @@ pub fn predict(
             )
         }
         None => (
-            (others_at_scrape - scrape_age_s * rate).max(0.0),
+            (others_at_scrape - published_age_s.unwrap_or(0.0).max(scrape_age_s) * rate).max(0.0),
             own.scheduled_prefill_tokens_left(now, rate),
             false,
         ),
     };
     let queued_prefill_tokens = others_queued_tokens + own_queued_left_tokens;
 
-    let residual = |queued: f64, long_step_accounted: bool| match step_elapsed_s {
+    let residual = |queued: f64, long_step_accounted: bool, elapsed: Option<f64>| match elapsed {
         _ if running_seqs == 0 && queued <= 0.0 => 0.0,
         Some(e) if e < decode_step_s => decode_step_s - e,
         // The rest of the long step is the work it is doing, still in the queue above.
@@ -476,7 +493,11 @@ pub fn predict(
         Some(e) => config.long_step_residual_fraction.max(0.0) * e,
         None => 0.5 * decode_step_s,
     };
-    let step_residual_s = residual(queued_prefill_tokens, long_step_work_left);
+    let step_residual_s = residual(
+        queued_prefill_tokens,
+        long_step_work_left,
+        step_elapsed_s.or(long_step.map(|(e, _)| e)),
+    );
 
     let kv_cache_usage = s.kv_cache_usage.map(|o| SignalInput::of(&o, now, budget));
     let usage = kv_cache_usage.filter(|u| u.used).map(|u| u.value);
@@ -524,7 +545,10 @@ pub fn predict(
         config,
     };
     let dated = engine.wait(queued_prefill_tokens, step_residual_s);
-    let undated = engine.wait(undated_queued, residual(undated_queued, false));
+    let undated = engine.wait(
+        undated_queued,
+        residual(undated_queued, false, step_elapsed_s),
+    );
     let QueueWait {
         prefill_wait_s,
         completions_ahead,
@@ -537,7 +561,6 @@ pub fn predict(
         predicted_ttft_s,
         ..
     } = dated;
-    let dating_risk_s = (undated.predicted_ttft_s - predicted_ttft_s).max(0.0);
 
     // What this request costs the ones that will queue behind it. In a steady queue about as many
     // will queue behind it as are ahead of it now. When its prompt does not fit in the free KV
@@ -609,9 +632,9 @@ pub fn predict(
         duplicate_tokens: 0,
         miss_cost_s: 0.0,
         substitute_cost_s: 0.0,
-        dating_risk_s,
+        published_age_s,
+        selection_cost_s: undated.predicted_ttft_s + queue_cost_s,
         undated,
-        selection_cost_s: predicted_ttft_s + dating_risk_s + queue_cost_s,
         signals_fresh: s
             .num_requests_waiting
             .is_some_and(|o| o.is_fresh(now, budget)),
@@ -719,9 +742,9 @@ impl Engine<'_> {
 }
 
 impl Prediction {
-    /// The TTFT the selection ranks by: the prediction with its dating risk.
+    /// The TTFT the selection ranks by: the undated reading's.
     pub fn ranked_ttft_s(&self) -> f64 {
-        self.predicted_ttft_s + self.dating_risk_s
+        self.undated.predicted_ttft_s
     }
 
     /// Charges the prefix this endpoint would duplicate: `best_cached_tokens` is the most any
@@ -746,7 +769,10 @@ impl Prediction {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{endpoint::CacheConfig, inflight::InFlightRequest};
+    use crate::{
+        endpoint::{CacheConfig, Publication},
+        inflight::InFlightRequest,
+    };
 
     fn t(secs: f64) -> Time {
         Time::from_secs_f64(secs)
@@ -953,6 +979,57 @@ mod tests {
     }
 
     #[test]
+    fn scrapes_that_read_one_publication_date_the_queue() {
+        let (mut signals, own) = example();
+        let prior = ModelPrior::default();
+        let cfg = PredictConfig::default();
+        // The gauges of the example (scraped at 1.0) were published between a scrape at 0.95
+        // that read the state before and the one at 1.0: at 0.975, expected.
+        signals.publication = Some(Publication {
+            after: t(0.95),
+            by: t(1.0),
+            still: t(1.0),
+        });
+        let at = |signals: &Signals, now: f64| {
+            predict(
+                &example_view(signals, &own, &prior),
+                8_000,
+                None,
+                t(now),
+                &cfg,
+            )
+        };
+        // No long step: others' 3,000 tokens less 0.075 s × 10,000 tokens/s since the
+        // publication (the undated reading takes 0.05 s, since the scrape).
+        let p = at(&signals, 1.05);
+        assert!(close(p.published_age_s.unwrap(), 0.075));
+        assert!(close(p.others_queued_tokens, 2_250.0));
+        assert!(close(p.undated.queued_prefill_tokens, 1_500.0 + 2_500.0));
+        assert!(close(p.step_residual_s, 0.0105));
+        // Scrapes have read the same state from 1.0 to 1.2, longer than a 21 ms decode step: no
+        // step ended, a long one has run since 0.975. At 1.2 it has done 2,250 tokens, others'
+        // first (3,000), then none of the own requests sent before it; its rest is that work.
+        signals.publication = Some(Publication {
+            after: t(0.95),
+            by: t(1.0),
+            still: t(1.2),
+        });
+        signals.num_requests_waiting = Some(Observed::new(5, t(1.2)));
+        signals.num_requests_running = Some(Observed::new(10, t(1.2)));
+        let p = at(&signals, 1.2);
+        assert_eq!(p.step_elapsed_s, None);
+        assert!(close(p.others_queued_tokens, 750.0));
+        assert!(close(p.own_queued_left_tokens, 1_500.0));
+        assert!(close(p.step_residual_s, 0.0));
+        // The undated reading knows no long step: others' 3,000 from the scrape just taken, half
+        // a decode step.
+        assert!(close(p.undated.queued_prefill_tokens, 1_500.0 + 3_000.0));
+        assert!(close(p.undated.step_residual_s, 0.0105));
+        // Stale scrapes (past the 500 ms budget) date nothing.
+        assert_eq!(at(&signals, 1.8).published_age_s, None);
+    }
+
+    #[test]
     fn own_requests_without_a_long_step_are_dated_by_their_schedule() {
         let (signals, own) = example();
         let prior = ModelPrior::default();
@@ -988,7 +1065,7 @@ mod tests {
             t(1.244),
             &PredictConfig::default(),
         );
-        assert!(p.dating_risk_s > 0.0);
+        assert!(p.undated.predicted_ttft_s > p.predicted_ttft_s);
         assert!(close(p.ranked_ttft_s(), p.undated.predicted_ttft_s));
         assert!(close(
             p.selection_cost_s,

@@ -64,6 +64,8 @@ fn scrape(r: &mut Router, id: &EndpointId, at: Time, waiting: u32, running: u32,
             }),
             prefix_cache: None,
             server_load: None,
+            // Publications not told apart: these tests date the queue from the scrape.
+            generation_tokens: None,
         },
         at,
     )

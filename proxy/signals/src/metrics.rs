@@ -26,6 +26,9 @@ pub struct VllmMetrics {
     /// `vllm:prompt_tokens_total`: prompt tokens of requests whose prefill completed. With the
     /// prefix-cache queries (counted at admission) it gives the prompt tokens prefilling now.
     pub prompt_tokens: Option<f64>,
+    /// `vllm:generation_tokens_total`: tokens generated. It moves at every engine step that
+    /// decodes, so two scrapes that read the same value (with the same gauges) saw no step end.
+    pub generation_tokens: Option<f64>,
     pub num_preemptions: Option<f64>,
     /// From `vllm:cache_config_info` labels.
     pub block_size: Option<u32>,
@@ -102,6 +105,7 @@ pub fn parse_vllm_metrics(text: &str) -> Result<VllmMetrics, ParseError> {
     let mut queries = Renamed::default();
     let mut hits = Renamed::default();
     let mut prompt_tokens = Renamed::default();
+    let mut generation_tokens = Renamed::default();
     let mut preemptions = Renamed::default();
     let mut block_size: Option<u32> = None;
     // num_gpu_blocks per engine, so a repeated sample is not counted twice.
@@ -135,6 +139,9 @@ pub fn parse_vllm_metrics(text: &str) -> Result<VllmMetrics, ParseError> {
             }
             "vllm:num_preemptions_total" | "vllm:num_preemptions" => Some(&mut preemptions.current),
             "vllm:prompt_tokens_total" | "vllm:prompt_tokens" => Some(&mut prompt_tokens.current),
+            "vllm:generation_tokens_total" | "vllm:generation_tokens" => {
+                Some(&mut generation_tokens.current)
+            }
             "vllm:cache_config_info" => {
                 seen = true;
                 let engine = sample.label("engine").unwrap_or_default().to_string();
@@ -191,6 +198,7 @@ pub fn parse_vllm_metrics(text: &str) -> Result<VllmMetrics, ParseError> {
         prefix_cache_queries_tokens: queries.sum(),
         prefix_cache_hits_tokens: hits.sum(),
         prompt_tokens: prompt_tokens.sum(),
+        generation_tokens: generation_tokens.sum(),
         num_preemptions: preemptions.sum(),
         block_size,
         num_gpu_blocks,

@@ -202,6 +202,7 @@ impl Router for Kinference {
                     prompt_tokens: Some(s.prompt_tokens),
                 }),
                 server_load: s.server_load,
+                generation_tokens: Some(s.generation_tokens),
             };
             let _ = self
                 .router

@@ -26,6 +26,9 @@ vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-8B"} 8192.0
 # HELP vllm:prompt_tokens_total Number of prefill tokens processed.
 # TYPE vllm:prompt_tokens_total counter
 vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-8B"} 16384.0
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="Qwen/Qwen3-8B"} 2048.0
 # HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
 # TYPE vllm:num_preemptions_total counter
 vllm:num_preemptions_total{engine="0",model_name="Qwen/Qwen3-8B"} 2.0
@@ -73,6 +76,7 @@ fn current_names() {
             prefix_cache_queries_tokens: Some(20480.0),
             prefix_cache_hits_tokens: Some(8192.0),
             prompt_tokens: Some(16384.0),
+            generation_tokens: Some(2048.0),
             num_preemptions: Some(2.0),
             block_size: Some(16),
             num_gpu_blocks: Some(27306),
@@ -94,6 +98,7 @@ fn old_names() {
             prefix_cache_queries_tokens: Some(1000.0),
             prefix_cache_hits_tokens: Some(250.0),
             prompt_tokens: None,
+            generation_tokens: None,
             num_preemptions: Some(0.0),
             block_size: Some(32),
             num_gpu_blocks: Some(4096),
