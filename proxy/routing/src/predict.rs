@@ -334,7 +334,8 @@ pub struct Prediction {
     pub selection_cost_s: f64,
     /// How long ago the engine published what the scrapes read (the middle of the bracket the
     /// scrapes put around it), when they tell publications apart (`vllm:generation_tokens_total`
-    /// scraped, the latest scrape within the freshness budget).
+    /// scraped, the latest scrape within the freshness budget); at most the longest step there
+    /// can be (an idle engine publishes nothing new, and has nothing to date).
     pub published_age_s: Option<f64>,
     /// The same prediction with the queue as the scrape shows it: others' work less what the
     /// engine did since the scrape, own queued work in full, and a long step's rest (timed by an
