@@ -787,21 +787,8 @@ mod tests {
     fn example() -> (Signals, InFlight) {
         let mut own = InFlight::default();
         for (id, uncached) in [(1, 1_000), (2, 500)] {
-            own.dispatch(InFlightRequest {
-                id,
-                dispatched_at: t(0.9),
-                prompt_tokens: uncached,
-                uncached_tokens: uncached,
-                first_token_at: None,
-                last_token_at: None,
-                predicted_non_prefill_s: 0.0,
-                kv_pressure_factor: 1.0,
-                predicted_raw_ttft_s: 0.1,
-                predicted_wait_s: 0.3,
-                teaches_rate: true,
-                // Behind the queue they joined: not begun by the time of the example.
-                prefill_expected_at: t(1.2),
-            });
+            // Behind the queue they joined: not begun by the time of the example.
+            own.dispatch(own_request(id, 0.9, uncached, 1.2));
         }
         let signals = Signals {
             num_requests_waiting: Some(Observed::new(5, t(1.0))),
@@ -811,6 +798,37 @@ mod tests {
             ..Signals::default()
         };
         (signals, own)
+    }
+
+    /// An own request of `uncached` tokens sent at `sent`, its prefill predicted to begin at
+    /// `begins`, no first token yet.
+    fn own_request(id: u64, sent: f64, uncached: u32, begins: f64) -> InFlightRequest {
+        InFlightRequest {
+            id,
+            dispatched_at: t(sent),
+            prompt_tokens: uncached,
+            uncached_tokens: uncached,
+            first_token_at: None,
+            last_token_at: None,
+            predicted_non_prefill_s: 0.0,
+            kv_pressure_factor: 1.0,
+            predicted_raw_ttft_s: 0.1,
+            predicted_wait_s: begins - sent,
+            teaches_rate: true,
+            prefill_expected_at: t(begins),
+        }
+    }
+
+    /// The example's 8,000-token prompt, nothing cached, predicted at `now` with the default
+    /// prior and settings.
+    fn predict_example(signals: &Signals, own: &InFlight, now: f64) -> Prediction {
+        predict(
+            &example_view(signals, own, &ModelPrior::default()),
+            8_000,
+            None,
+            t(now),
+            &PredictConfig::default(),
+        )
     }
 
     /// The worked example's endpoint as the predictor sees it: 10,000 tokens/s, no correction,
@@ -886,17 +904,7 @@ mod tests {
     #[test]
     fn own_streams_time_the_step_in_progress() {
         let (signals, mut own) = example();
-        let prior = ModelPrior::default();
-        let cfg = PredictConfig::default();
-        let predict_at = |own: &InFlight, now: f64| {
-            predict(
-                &example_view(&signals, own, &prior),
-                8_000,
-                None,
-                t(now),
-                &cfg,
-            )
-        };
+        let predict_at = |own: &InFlight, now: f64| predict_example(&signals, own, now);
         // No own stream decoding: half of the 21 ms decode step (20 ms + 10 running × 0.1 ms).
         let p = predict_at(&own, 1.05);
         assert_eq!(p.step_elapsed_s, None);
@@ -923,8 +931,6 @@ mod tests {
     #[test]
     fn a_long_step_dates_the_queue_it_is_working_through() {
         let (mut signals, mut own) = example();
-        let prior = ModelPrior::default();
-        let cfg = PredictConfig::default();
         // Request 1 streams; its latest token came at 1.044 and none since: a long step (a
         // prefill chunk) began then. The scrape at 1.1 reads the gauges vLLM published at 1.044:
         // 5 waiting, one of them own request 2 (500 tokens), so 4 × 1,000 tokens of others'.
@@ -932,15 +938,7 @@ mod tests {
         own.token(1, t(1.044));
         signals.num_requests_waiting = Some(Observed::new(5, t(1.1)));
         signals.num_requests_running = Some(Observed::new(10, t(1.1)));
-        let at = |own: &InFlight, now: f64| {
-            predict(
-                &example_view(&signals, own, &prior),
-                8_000,
-                None,
-                t(now),
-                &cfg,
-            )
-        };
+        let at = |own: &InFlight, now: f64| predict_example(&signals, own, now);
         let p = at(&own, 1.244);
         assert!(close(p.step_elapsed_s.unwrap(), 0.2));
         // The step has worked 0.2 s × 10,000 tokens/s through the 4,000 it began with, others'
@@ -956,20 +954,7 @@ mod tests {
         assert!(close(p.undated.step_residual_s, 0.05));
         assert!(close(p.undated.wait_s, 0.356));
         // An own request sent after the step began waits in full.
-        own.dispatch(InFlightRequest {
-            id: 3,
-            dispatched_at: t(1.1),
-            prompt_tokens: 700,
-            uncached_tokens: 700,
-            first_token_at: None,
-            last_token_at: None,
-            predicted_non_prefill_s: 0.0,
-            kv_pressure_factor: 1.0,
-            predicted_raw_ttft_s: 0.1,
-            predicted_wait_s: 0.0,
-            teaches_rate: true,
-            prefill_expected_at: t(1.1),
-        });
+        own.dispatch(own_request(3, 1.1, 700, 1.1));
         assert!(close(at(&own, 1.244).own_queued_left_tokens, 500.0 + 700.0));
         // At 1.5 the step (0.456 s) has done all it began with: the work it is on is unknown
         // again, and a quarter of its length is taken to remain.
@@ -982,8 +967,6 @@ mod tests {
     #[test]
     fn scrapes_that_read_one_publication_date_the_queue() {
         let (mut signals, own) = example();
-        let prior = ModelPrior::default();
-        let cfg = PredictConfig::default();
         // The gauges of the example (scraped at 1.0) were published between a scrape at 0.95
         // that read the state before and the one at 1.0: at 0.975, expected.
         signals.publication = Some(Publication {
@@ -991,15 +974,7 @@ mod tests {
             by: t(1.0),
             still: t(1.0),
         });
-        let at = |signals: &Signals, now: f64| {
-            predict(
-                &example_view(signals, &own, &prior),
-                8_000,
-                None,
-                t(now),
-                &cfg,
-            )
-        };
+        let at = |signals: &Signals, now: f64| predict_example(signals, &own, now);
         // No long step: others' 3,000 tokens less 0.075 s × 10,000 tokens/s since the
         // publication (the undated reading takes 0.05 s, since the scrape).
         let p = at(&signals, 1.05);
@@ -1033,17 +1008,7 @@ mod tests {
     #[test]
     fn own_requests_without_a_long_step_are_dated_by_their_schedule() {
         let (signals, own) = example();
-        let prior = ModelPrior::default();
-        let cfg = PredictConfig::default();
-        let at = |now: f64| {
-            predict(
-                &example_view(&signals, &own, &prior),
-                8_000,
-                None,
-                t(now),
-                &cfg,
-            )
-        };
+        let at = |now: f64| predict_example(&signals, &own, now);
         // Both own requests (1,000 and 500 tokens) were predicted to begin at 1.2: untouched
         // before, then worked through at 10,000 tokens/s each.
         assert!(close(at(1.15).own_queued_left_tokens, 1_500.0));
@@ -1082,17 +1047,7 @@ mod tests {
     #[test]
     fn server_load_counts_arrivals_the_gauges_do_not_show_yet() {
         let (mut signals, own) = example();
-        let prior = ModelPrior::default();
-        let cfg = PredictConfig::default();
-        let at = |signals: &Signals| {
-            predict(
-                &example_view(signals, &own, &prior),
-                8_000,
-                None,
-                t(1.05),
-                &cfg,
-            )
-        };
+        let at = |signals: &Signals| predict_example(signals, &own, 1.05);
         // Polled with the gauges at 1.0: 18 requests in the server, 5 waiting and 10 running in
         // the last published step, so 3 arrived during the step in progress. Others' waiting:
         // 5 + 3 − the 2 own awaiting a first token at 1.0.
