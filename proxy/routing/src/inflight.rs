@@ -39,6 +39,28 @@ pub struct InFlightRequest {
     pub prefill_expected_at: Time,
 }
 
+#[cfg(test)]
+impl InFlightRequest {
+    /// A request of `uncached` prompt tokens (none cached) sent at `at`, its prefill predicted to
+    /// begin then, no first token yet.
+    pub(crate) fn sent(id: u64, at: Time, uncached: u32) -> Self {
+        Self {
+            id,
+            dispatched_at: at,
+            prompt_tokens: uncached,
+            uncached_tokens: uncached,
+            first_token_at: None,
+            last_token_at: None,
+            predicted_non_prefill_s: 0.0,
+            kv_pressure_factor: 1.0,
+            predicted_raw_ttft_s: 0.1,
+            predicted_wait_s: 0.0,
+            teaches_rate: true,
+            prefill_expected_at: at,
+        }
+    }
+}
+
 /// What the tracker learned when a request's first token arrived.
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub struct FirstToken {
@@ -203,18 +225,9 @@ mod tests {
 
     fn req(id: u64, at: f64, uncached: u32) -> InFlightRequest {
         InFlightRequest {
-            id,
-            dispatched_at: Time::from_secs_f64(at),
             prompt_tokens: uncached + 100,
-            uncached_tokens: uncached,
-            first_token_at: None,
-            last_token_at: None,
-            predicted_non_prefill_s: 0.0,
-            kv_pressure_factor: 1.0,
-            predicted_raw_ttft_s: 0.1,
-            predicted_wait_s: 0.0,
-            teaches_rate: true,
             prefill_expected_at: Time::ZERO,
+            ..InFlightRequest::sent(id, Time::from_secs_f64(at), uncached)
         }
     }
 

@@ -804,18 +804,9 @@ mod tests {
     /// `begins`, no first token yet.
     fn own_request(id: u64, sent: f64, uncached: u32, begins: f64) -> InFlightRequest {
         InFlightRequest {
-            id,
-            dispatched_at: t(sent),
-            prompt_tokens: uncached,
-            uncached_tokens: uncached,
-            first_token_at: None,
-            last_token_at: None,
-            predicted_non_prefill_s: 0.0,
-            kv_pressure_factor: 1.0,
-            predicted_raw_ttft_s: 0.1,
             predicted_wait_s: begins - sent,
-            teaches_rate: true,
             prefill_expected_at: t(begins),
+            ..InFlightRequest::sent(id, t(sent), uncached)
         }
     }
 
