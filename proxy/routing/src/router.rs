@@ -435,16 +435,22 @@ impl Router {
         // A candidate that would prefill again what another of the same model has cached pays for
         // the duplicate copy of the prefix (see `PredictConfig::miss_cost_weight`).
         if cfg.predict.miss_cost_weight > 0.0 {
-            for i in 0..candidates.len() {
-                let best = candidates
+            // The most any candidate of each model holds: one pass (a policy allows a handful of
+            // models, so a short list).
+            let mut best: Vec<(ModelName, u32)> = Vec::new();
+            for c in &candidates {
+                let cached = c.prediction.cached_tokens;
+                match best.iter_mut().find(|(m, _)| *m == c.model) {
+                    Some((_, b)) => *b = (*b).max(cached),
+                    None => best.push((c.model.clone(), cached)),
+                }
+            }
+            for c in &mut candidates {
+                let most = best
                     .iter()
-                    .filter(|c| c.model == candidates[i].model)
-                    .map(|c| c.prediction.cached_tokens)
-                    .max()
-                    .unwrap_or(0);
-                candidates[i]
-                    .prediction
-                    .charge_duplicate_prefix(best, &cfg.predict);
+                    .find(|(m, _)| *m == c.model)
+                    .map_or(0, |(_, b)| *b);
+                c.prediction.charge_duplicate_prefix(most, &cfg.predict);
             }
         }
         // A substitute model must be clearly faster (see `RouterConfig::substitute_margin`).
