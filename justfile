@@ -76,3 +76,10 @@ fleet-seeds FIRST="1" LAST="12" OUT="/tmp/kinference-fleet-seeds":
         ./target/release/kinference-fleet --suite full --seed $s --strategies kinference --out {{OUT}}/k-s$s > /dev/null || exit 1; \
     done
     python3 scripts/fleet_seeds.py --peers '{{OUT}}/peers-s{seed}' --kinference '{{OUT}}/k-s{seed}' --seeds {{FIRST}}-{{LAST}}
+
+# Kinference's prediction error against utilisation over seeds FIRST..LAST, from `fleet-seeds`'s
+# runs in OUT and one run past saturation for each fleet's capacity (about 15 s).
+fleet-utilization FIRST="1" LAST="12" OUT="/tmp/kinference-fleet-seeds":
+    cargo build --release -p kinference-fleet
+    ./target/release/kinference-fleet --suite full --strategies kinference --workloads shared-prefix,mooncake,azure,two-model --loads 5,6,8,10,12,16,24,40,60,80 --out {{OUT}}/overload > /dev/null
+    python3 scripts/fleet_utilization.py --kinference '{{OUT}}/k-s{seed}' --seeds {{FIRST}}-{{LAST}} --overload {{OUT}}/overload
