@@ -45,6 +45,31 @@ pub struct PolicyValidation {
 }
 
 impl PolicyValidation {
+    /// Validates `policy` against the InferenceClassifiers and InferencePools of its namespace:
+    /// its own problems and those of the classifier it names. (Translation is the index's.) The
+    /// index and the status writer both call this, so a policy's conditions and whether it is
+    /// served cannot disagree.
+    pub fn of(
+        policy: &PolicyResource,
+        classifiers: &[InferenceClassifier],
+        pools: &[InferencePool],
+    ) -> Self {
+        let classifier = policy.spec.classifier_ref.as_ref().and_then(|r| {
+            classifiers
+                .iter()
+                .find(|c| c.metadata.name.as_deref() == Some(r.name.as_str()))
+        });
+        Self {
+            policy: kinference_api::validate_policy(policy, classifiers, pools).err(),
+            classifier: classifier.and_then(|c| {
+                kinference_api::validate_classifier(c)
+                    .err()
+                    .map(|e| (c.metadata.name.clone().unwrap_or_default(), e))
+            }),
+            translation: None,
+        }
+    }
+
     pub fn is_valid(&self) -> bool {
         self.policy.is_none() && self.classifier.is_none() && self.translation.is_none()
     }
@@ -106,15 +131,7 @@ fn validate(
         .classifier_ref
         .as_ref()
         .and_then(|r| store.classifiers.get(&(ns.clone(), r.name.clone())));
-    let mut validation = PolicyValidation {
-        policy: kinference_api::validate_policy(resource, &classifiers, &pools).err(),
-        classifier: classifier.and_then(|c| {
-            kinference_api::validate_classifier(c)
-                .err()
-                .map(|e| (c.metadata.name.clone().unwrap_or_default(), e))
-        }),
-        translation: None,
-    };
+    let mut validation = PolicyValidation::of(resource, &classifiers, &pools);
     if !validation.is_valid() {
         return (validation, None, None);
     }

@@ -12,7 +12,7 @@ use kinference_api::{
     policy::{CONDITION_ACCEPTED, CONDITION_RESOLVED_REFS},
     validate::ErrorKind,
 };
-use kinference_policy_k8s_index::{Resource, ResourceKey, ResourceKind};
+use kinference_policy_k8s_index::{Resource, ResourceKey, ResourceKind, index::PolicyValidation};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -162,31 +162,19 @@ fn policy(
         _ => None,
     });
 
-    // The same checks, in the same order and words, as the index and admission.
-    let mut messages = Vec::new();
-    let mut invalid = false;
-    let mut unresolved: Vec<ValidationError> = Vec::new();
-    if let Err(errors) = kinference_api::validate_policy(p, &classifiers, &pools) {
-        messages.push(errors.to_string());
-        for e in errors {
-            if e.kind == ErrorKind::NotFound
-                && (e.field == "spec.classifierRef.name" || e.field.ends_with(".poolRef.name"))
-            {
-                unresolved.push(e);
-            } else {
-                invalid = true;
-            }
-        }
-    }
-    if let Some(reference) = &p.spec.classifier_ref
-        && let Some(c) = classifiers
-            .iter()
-            .find(|c| c.metadata.name.as_deref() == Some(reference.name.as_str()))
-        && let Err(e) = kinference_api::validate_classifier(c)
-    {
-        messages.push(format!("InferenceClassifier {ns}/{}: {e}", reference.name));
-        invalid = true;
-    }
+    // The index's own validation (it decides whether the policy is served), read for conditions:
+    // a reference to a classifier or pool that does not exist is unresolved, anything else invalid.
+    let validation = PolicyValidation::of(p, &classifiers, &pools);
+    let is_unresolved = |e: &ValidationError| {
+        e.kind == ErrorKind::NotFound
+            && (e.field == "spec.classifierRef.name" || e.field.ends_with(".poolRef.name"))
+    };
+    let policy_errors = validation.policy.as_ref().map_or(&[][..], |e| e.errors());
+    let unresolved: Vec<&ValidationError> =
+        policy_errors.iter().filter(|e| is_unresolved(e)).collect();
+    let mut invalid =
+        validation.classifier.is_some() || policy_errors.iter().any(|e| !is_unresolved(e));
+    let mut messages: Vec<String> = validation.message(ns).into_iter().collect();
     if messages.is_empty()
         && let Some(e) = index_error
     {
@@ -461,4 +449,88 @@ fn pool(
         &existing,
         true,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example manifests (policy, classifier, pools, route, service), by key.
+    fn examples() -> BTreeMap<ResourceKey, Resource> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../examples");
+        let mut objects = BTreeMap::new();
+        for file in [
+            "policy.yaml",
+            "classifier.yaml",
+            "inferencepools.yaml",
+            "httproute.yaml",
+            "service.yaml",
+        ] {
+            let text = std::fs::read_to_string(dir.join(file)).unwrap();
+            for doc in serde_yaml::Deserializer::from_str(&text) {
+                let doc: serde_yaml::Value = serde::Deserialize::deserialize(doc).unwrap();
+                if let Some(r) = Resource::from_yaml(doc, "default").unwrap() {
+                    objects.insert(r.key(), r);
+                }
+            }
+        }
+        objects
+    }
+
+    /// The `type_` condition of the example policy's desired status.
+    fn policy_condition(objects: &BTreeMap<ResourceKey, Resource>, type_: &str) -> Value {
+        desired_statuses(objects, &BTreeMap::new(), Timestamp::UNIX_EPOCH)
+            .into_iter()
+            .find(|d| d.key.kind == ResourceKind::InferencePolicy)
+            .and_then(|d| {
+                d.comparable["conditions"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["type"] == type_)
+                    .cloned()
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn a_policy_is_read_by_the_index_validation_of_its_classifier_and_pools() {
+        let mut objects = examples();
+        assert_eq!(policy_condition(&objects, "Accepted")["status"], "True");
+        assert_eq!(policy_condition(&objects, "ResolvedRefs")["status"], "True");
+
+        // The classifier it names declares no tag: invalid, and so is the policy's rule on its
+        // tag. The policy is not accepted and says both, in the index's words.
+        let key = objects
+            .keys()
+            .find(|k| k.kind == ResourceKind::InferenceClassifier)
+            .cloned()
+            .unwrap();
+        if let Some(Resource::InferenceClassifier(c)) = objects.get_mut(&key) {
+            c.spec.tags.clear();
+        }
+        let accepted = policy_condition(&objects, "Accepted");
+        assert_eq!(
+            (&accepted["status"], &accepted["reason"]),
+            (&json!("False"), &json!("Invalid"))
+        );
+        let message = accepted["message"].as_str().unwrap();
+        assert!(
+            message.contains("is not declared by InferenceClassifier \"llm\"")
+                && message.ends_with("; InferenceClassifier default/llm: spec.tags: at least one tag must be declared"),
+            "{message}"
+        );
+        assert_eq!(policy_condition(&objects, "ResolvedRefs")["status"], "True");
+
+        // No such classifier: an unresolved reference, not an invalid policy.
+        objects.remove(&key);
+        let resolved = policy_condition(&objects, "ResolvedRefs");
+        assert_eq!(
+            (&resolved["status"], &resolved["reason"]),
+            (&json!("False"), &json!("ClassifierNotFound"))
+        );
+        assert_eq!(
+            policy_condition(&objects, "Accepted")["reason"],
+            "ClassifierNotFound"
+        );
+    }
 }
