@@ -627,7 +627,7 @@ impl Balance {
             };
             let d = inner.router.decide(&request, now, &mut inner.rng);
             for c in d.candidates {
-                predictions.insert(c.endpoint, c.prediction.predicted_ttft_s);
+                predictions.insert(c.endpoint, c.prediction.dated.predicted_ttft_s);
             }
         }
         let mut list: Vec<&EndpointInfo> = inner.endpoints.values().collect();
@@ -775,7 +775,7 @@ fn plain_order(
         .iter()
         .map(|&i| {
             let c = &decision.candidates[i];
-            p2c_inputs(inner, &c.endpoint, c.prediction.raw_ttft_s, now)
+            p2c_inputs(inner, &c.endpoint, c.prediction.dated.raw_ttft_s, now)
         })
         .collect();
     let mut order = pool.clone();

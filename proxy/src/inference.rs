@@ -467,7 +467,7 @@ where
                     labels: labels.clone(),
                     handle,
                     endpoint: info.id.clone(),
-                    predicted_ttft_s: cand.prediction.predicted_ttft_s,
+                    predicted_ttft_s: cand.prediction.dated.predicted_ttft_s,
                     received_at,
                     price: policy
                         .model(&info.model)

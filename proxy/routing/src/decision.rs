@@ -102,6 +102,6 @@ impl Decision {
 
     /// The winner's predicted TTFT, in seconds.
     pub fn predicted_ttft_s(&self) -> Option<f64> {
-        self.chosen().map(|c| c.prediction.predicted_ttft_s)
+        self.chosen().map(|c| c.prediction.dated.predicted_ttft_s)
     }
 }

@@ -269,46 +269,26 @@ pub struct Prediction {
     /// done of them, by the long step in progress or, without one, by the schedule predicted when
     /// each was sent.
     pub own_queued_left_tokens: f64,
-    pub queued_prefill_tokens: f64,
     pub running_seqs: u32,
     pub prefill_tokens_per_second: f64,
-    /// `queued_prefill_tokens / rate`: the wait if the endpoint is prefill-bound.
-    pub prefill_wait_s: f64,
     /// KV tokens free at the endpoint (`(1 − usage) × capacity`), when usage and capacity are known.
     pub kv_free_tokens: Option<f64>,
-    /// Running requests that must complete before this one's prompt fits in the KV cache.
-    pub completions_ahead: u32,
     /// Seconds one running request stays after its first token (learned, or the prior).
     pub service_s: f64,
-    /// `completions_ahead × service_s / running_seqs`: the wait if the endpoint is KV-bound.
-    pub capacity_wait_s: f64,
-    /// Whether the capacity-bound wait was the larger (then the KV factor is 1: the shortage is
-    /// modelled by the wait itself).
-    pub capacity_bound: bool,
-    /// `max(prefill_wait_s, capacity_wait_s) + step_residual_s`.
-    pub wait_s: f64,
     pub prefill_s: f64,
     /// Attention's superlinear share of this request's prefill: `prefill_attention_pair_s ×
     /// (uncached × cached + uncached² / 2)`.
     pub attention_s: f64,
-    /// The fixed and decode cost of the engine steps that carry the queued prefill and this
-    /// one's: `ceil((queued + uncached) / max_num_batched_tokens) × (time_per_output_token_s +
-    /// running × decode_step_per_seq_s)`, at least one step even on an idle endpoint.
-    pub steps_s: f64,
     /// How long the engine step in progress has run: the time since the latest token of this
     /// proxy's streams decoding on the endpoint (`None` without one).
     pub step_elapsed_s: Option<f64>,
-    /// The expected rest of the engine step in progress when the request arrives, on a busy
-    /// endpoint (running, queued or prefilling; else 0): a decode step less `step_elapsed_s`;
-    /// past a decode step (a prefill chunk is running) `long_step_residual_fraction ×
-    /// step_elapsed_s`; without a stream to time it, half a decode step. Part of the wait.
-    pub step_residual_s: f64,
-    pub kv_pressure_factor: f64,
     pub overhead_s: f64,
-    /// Before correction.
-    pub raw_ttft_s: f64,
     pub correction: f64,
-    pub predicted_ttft_s: f64,
+    /// The wait and TTFT with the queue dated by what the engine has under way (see
+    /// [`predict`]): `dated.predicted_ttft_s` is the prediction the proxy reports. Serialized
+    /// flat, as the prediction's own fields.
+    #[serde(flatten)]
+    pub dated: QueueWait,
     /// Requests queued at the endpoint that this one joins (reported others and own awaiting a
     /// first token): in a steady queue, about as many will queue behind it.
     pub queue_depth_requests: u32,
@@ -422,8 +402,8 @@ pub fn predict(
     // full chunk of prefill) means the stream is not keeping up (a slow reader, a preemption):
     // not a step time.
     let longest_step_s = 2.0 * (budget_tokens / rate + decode_step_s);
-    let step_elapsed_s = own
-        .last_step_end()
+    let last_step_end = own.last_step_end();
+    let step_elapsed_s = last_step_end
         .map(|t| now.saturating_since(t).as_secs_f64())
         .filter(|e| *e <= longest_step_s);
 
@@ -461,7 +441,7 @@ pub fn predict(
         .and_then(|p| published_age_s.map(|age| (age, p.estimate())));
     let long_step = step_elapsed_s
         .filter(|e| *e >= decode_step_s)
-        .zip(own.last_step_end())
+        .zip(last_step_end)
         .or(scraped_long_step);
     let (others_queued_tokens, own_queued_left_tokens, long_step_work_left) = match long_step {
         Some((elapsed_s, began)) => {
@@ -550,18 +530,6 @@ pub fn predict(
         undated_queued,
         residual(undated_queued, false, step_elapsed_s),
     );
-    let QueueWait {
-        prefill_wait_s,
-        completions_ahead,
-        capacity_wait_s,
-        capacity_bound,
-        steps_s,
-        wait_s,
-        kv_pressure_factor,
-        raw_ttft_s,
-        predicted_ttft_s,
-        ..
-    } = dated;
 
     // What this request costs the ones that will queue behind it. In a steady queue about as many
     // will queue behind it as are ahead of it now. When its prompt does not fit in the free KV
@@ -606,26 +574,16 @@ pub fn predict(
         others_prefilling_tokens,
         others_queued_tokens,
         own_queued_left_tokens,
-        queued_prefill_tokens,
         running_seqs,
         prefill_tokens_per_second: rate,
-        prefill_wait_s,
         kv_free_tokens,
-        completions_ahead,
         service_s,
-        capacity_wait_s,
-        capacity_bound,
-        wait_s,
         prefill_s,
         attention_s,
-        steps_s,
         step_elapsed_s,
-        step_residual_s,
-        kv_pressure_factor,
         overhead_s,
-        raw_ttft_s,
         correction,
-        predicted_ttft_s,
+        dated,
         queue_depth_requests,
         requests_behind,
         marginal_delay_s,
@@ -642,7 +600,8 @@ pub fn predict(
     }
 }
 
-/// What the wait and the TTFT come to for one reading of the queue at the endpoint.
+/// What the wait and the TTFT come to for one reading of the queue at the endpoint (a
+/// prediction has two: [`Prediction::dated`] and [`Prediction::undated`]).
 #[derive(Copy, Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct QueueWait {
     /// Uncached prompt tokens to prefill before this request's.
@@ -656,15 +615,22 @@ pub struct QueueWait {
     /// Whether the capacity-bound wait was the larger (then the KV factor is 1: the shortage is
     /// modelled by the wait itself).
     pub capacity_bound: bool,
-    /// The expected rest of the engine step in progress.
+    /// The expected rest of the engine step in progress when the request arrives, on a busy
+    /// endpoint (running, queued or prefilling; else 0): a decode step less the time it has run;
+    /// past a decode step (a prefill chunk is running) nothing while the queue holds the work
+    /// that step began with (dated reading), else `long_step_residual_fraction ×` the time it
+    /// has run; without a stream or scrapes to time it, half a decode step. Part of the wait.
     pub step_residual_s: f64,
     /// `max(prefill_wait_s, capacity_wait_s) + step_residual_s`.
     pub wait_s: f64,
-    /// Engine steps until this request's prefill is done, × a decode step.
+    /// The fixed and decode cost of the engine steps that carry the queued prefill and this
+    /// one's: `ceil((queued + uncached) / max_num_batched_tokens) × (time_per_output_token_s +
+    /// running × decode_step_per_seq_s)`, at least one step even on an idle endpoint.
     pub steps_s: f64,
     pub kv_pressure_factor: f64,
     /// Before correction.
     pub raw_ttft_s: f64,
+    /// `raw_ttft_s + wait_s × (correction − 1)`.
     pub predicted_ttft_s: f64,
 }
 
@@ -866,22 +832,22 @@ mod tests {
         assert_eq!(p.own_queued_prefill_tokens, 1_500);
         // 3,000 tokens of others' at the scrape, 0.05 s × 10,000 tokens/s of it done since.
         assert!(close(p.others_queued_tokens, 2_500.0));
-        assert!(close(p.queued_prefill_tokens, 4_000.0));
+        assert!(close(p.dated.queued_prefill_tokens, 4_000.0));
         assert_eq!(p.running_seqs, 10);
-        assert!(close(p.prefill_wait_s, 0.4));
+        assert!(close(p.dated.prefill_wait_s, 0.4));
         // No cache configuration scraped: no capacity-bound wait.
-        assert_eq!((p.kv_free_tokens, p.completions_ahead), (None, 0));
+        assert_eq!((p.kv_free_tokens, p.dated.completions_ahead), (None, 0));
         // Half of a 21 ms step (20 ms + 10 × 0.1 ms) is in progress on a busy endpoint.
-        assert!(close(p.step_residual_s, 0.0105));
-        assert!(!p.capacity_bound && close(p.wait_s, 0.4105));
+        assert!(close(p.dated.step_residual_s, 0.0105));
+        assert!(!p.dated.capacity_bound && close(p.dated.wait_s, 0.4105));
         assert!(close(p.prefill_s, 0.4));
-        assert!(close(p.steps_s, 0.021)); // ceil(8,000 / 8,192) step of 21 ms
-        assert!(close(p.kv_pressure_factor, 1.5));
+        assert!(close(p.dated.steps_s, 0.021)); // ceil(8,000 / 8,192) step of 21 ms
+        assert!(close(p.dated.kv_pressure_factor, 1.5));
         // The KV factor scales this request's own prefill and steps, not the wait.
         let raw = 0.4105 + (0.4 + 0.021) * 1.5 + 0.01;
-        assert!(close(p.raw_ttft_s, raw));
+        assert!(close(p.dated.raw_ttft_s, raw));
         // The correction scales the wait.
-        assert!(close(p.predicted_ttft_s, raw + 0.4105 * 0.2));
+        assert!(close(p.dated.predicted_ttft_s, raw + 0.4105 * 0.2));
         // 5 requests queued (3 others, 2 own): each waits 0.4 s × 1.5 longer behind this one.
         assert_eq!((p.queue_depth_requests, p.requests_behind), (5, 5));
         assert!(close(p.marginal_delay_s, 0.6));
@@ -899,7 +865,7 @@ mod tests {
         // No own stream decoding: half of the 21 ms decode step (20 ms + 10 running × 0.1 ms).
         let p = predict_at(&own, 1.05);
         assert_eq!(p.step_elapsed_s, None);
-        assert!(close(p.step_residual_s, 0.0105));
+        assert!(close(p.dated.step_residual_s, 0.0105));
         // Request 1 streams; its latest token came at 1.044: the step under way has run 6 ms of
         // a 21 ms decode step.
         own.first_token(1, t(1.0));
@@ -907,7 +873,7 @@ mod tests {
         own.token(1, t(1.044));
         let p = predict_at(&own, 1.05);
         assert!(close(p.step_elapsed_s.unwrap(), 0.006));
-        assert!(close(p.step_residual_s, 0.015));
+        assert!(close(p.dated.step_residual_s, 0.015));
         // 200 ms without a token: a prefill chunk is running. Read as the scrape shows the queue,
         // a quarter of that again remains (the dated reading is the next test's).
         let p = predict_at(&own, 1.244);
@@ -916,7 +882,7 @@ mod tests {
         // scrape is stale by then: the running batch is the own stream alone, a 20.1 ms step.)
         let p = predict_at(&own, 1.044 + 2.0);
         assert_eq!(p.step_elapsed_s, None);
-        assert!(close(p.step_residual_s, 0.5 * 0.0201));
+        assert!(close(p.dated.step_residual_s, 0.5 * 0.0201));
     }
 
     #[test]
@@ -937,8 +903,8 @@ mod tests {
         assert!(close(p.others_queued_tokens, 2_000.0));
         assert!(close(p.own_queued_left_tokens, 500.0));
         // The step's rest is that work: no residual on top.
-        assert!(close(p.step_residual_s, 0.0));
-        assert!(close(p.wait_s, 0.25));
+        assert!(close(p.dated.step_residual_s, 0.0));
+        assert!(close(p.dated.wait_s, 0.25));
         // Undated: others' 4,000 less only the 0.144 s since the scrape, own 500 in full, and a
         // quarter of the 200 ms step again.
         assert!(close(p.undated.queued_prefill_tokens, 2_560.0 + 500.0));
@@ -952,7 +918,7 @@ mod tests {
         let p = at(&own, 1.5);
         assert!(close(p.others_queued_tokens, 0.0));
         assert!(close(p.own_queued_left_tokens, 700.0));
-        assert!(close(p.step_residual_s, 0.25 * 0.456));
+        assert!(close(p.dated.step_residual_s, 0.25 * 0.456));
     }
 
     #[test]
@@ -972,7 +938,7 @@ mod tests {
         assert!(close(p.published_age_s.unwrap(), 0.075));
         assert!(close(p.others_queued_tokens, 2_250.0));
         assert!(close(p.undated.queued_prefill_tokens, 1_500.0 + 2_500.0));
-        assert!(close(p.step_residual_s, 0.0105));
+        assert!(close(p.dated.step_residual_s, 0.0105));
         // Scrapes have read the same state from 1.0 to 1.2, longer than a 21 ms decode step: no
         // step ended, a long one has run since 0.975. At 1.2 it has done 2,250 tokens, others'
         // first (3,000), then none of the own requests sent before it; its rest is that work.
@@ -987,7 +953,7 @@ mod tests {
         assert_eq!(p.step_elapsed_s, None);
         assert!(close(p.others_queued_tokens, 750.0));
         assert!(close(p.own_queued_left_tokens, 1_500.0));
-        assert!(close(p.step_residual_s, 0.0));
+        assert!(close(p.dated.step_residual_s, 0.0));
         // The undated reading knows no long step: others' 3,000 from the scrape just taken, half
         // a decode step.
         assert!(close(p.undated.queued_prefill_tokens, 1_500.0 + 3_000.0));
@@ -1022,7 +988,7 @@ mod tests {
             t(1.244),
             &PredictConfig::default(),
         );
-        assert!(p.undated.predicted_ttft_s > p.predicted_ttft_s);
+        assert!(p.undated.predicted_ttft_s > p.dated.predicted_ttft_s);
         assert!(close(p.ranked_ttft_s(), p.undated.predicted_ttft_s));
         assert!(close(
             p.selection_cost_s,
@@ -1086,7 +1052,7 @@ mod tests {
         // Own 1,500 + 3 others waiting × 1,000 + 2,625 prefilling, less the 500 tokens prefilled
         // in the 50 ms since the scrape.
         assert!(close(p.others_queued_tokens, 3_000.0 + 2_625.0 - 500.0));
-        assert!(close(p.queued_prefill_tokens, 1_500.0 + 5_125.0));
+        assert!(close(p.dated.queued_prefill_tokens, 1_500.0 + 5_125.0));
         // Off, or past the freshness budget: not counted.
         let off = PredictConfig {
             prefilling_remaining_fraction: 0.0,
@@ -1125,7 +1091,7 @@ mod tests {
         assert!(close(p.attention_s, 0.024));
         assert!(close(p.prefill_s, 0.4));
         let raw = 0.4105 + (0.4 + 0.024 + 0.021) * 1.5 + 0.01;
-        assert!(close(p.raw_ttft_s, raw));
+        assert!(close(p.dated.raw_ttft_s, raw));
         assert!(close(p.marginal_delay_s, (0.4 + 0.024) * 1.5));
         // Twice the new tokens with nothing cached: 8,000² / 2 = 32e6 pairs, and the linear part
         // doubles; the same 4,000 new tokens after 12,000 cached cost 56 ms of attention.
@@ -1177,27 +1143,30 @@ mod tests {
         assert!(close(p.kv_free_tokens.unwrap(), 800.0));
         // 4,000 queued + 4,000 own − 800 free = 7,200 tokens short: ceil(7,200 / 1,520) = 5
         // completions, which come every 20 s / 10 running = 2 s.
-        assert_eq!(p.completions_ahead, 5);
+        assert_eq!(p.dated.completions_ahead, 5);
         assert!(close(p.service_s, 20.0));
-        assert!(close(p.capacity_wait_s, 10.0));
-        assert!(p.capacity_bound && close(p.wait_s, 10.0 + 0.0105));
+        assert!(close(p.dated.capacity_wait_s, 10.0));
+        assert!(p.dated.capacity_bound && close(p.dated.wait_s, 10.0 + 0.0105));
         // Capacity-bound: the shortage is the wait itself, so the KV factor is 1.
-        assert!(close(p.kv_pressure_factor, 1.0));
+        assert!(close(p.dated.kv_pressure_factor, 1.0));
         let raw = 10.0105 + 0.4 + 0.021 + 0.01;
-        assert!(close(p.raw_ttft_s, raw));
-        assert!(close(p.predicted_ttft_s, raw + 10.0105 * 0.2));
+        assert!(close(p.dated.raw_ttft_s, raw));
+        assert!(close(p.dated.predicted_ttft_s, raw + 10.0105 * 0.2));
         // Every request admitted while this one holds its 4,000 tokens (as many as are running,
         // 10) waits 4,000 / 1,520 completions × 2 s longer.
         assert_eq!(p.requests_behind, 10);
         let share = 4_000.0 / 1_520.0 * 2.0;
         assert!(close(p.marginal_delay_s, share));
         assert!(close(p.queue_cost_s, 10.0 * share));
-        assert!(close(p.selection_cost_s, p.predicted_ttft_s + 10.0 * share));
+        assert!(close(
+            p.selection_cost_s,
+            p.dated.predicted_ttft_s + 10.0 * share
+        ));
 
         // A prompt that fits in the free blocks waits for no completion; nor does anything
         // without a fresh KV usage.
         let small = predict(&view, 500, None, t(1.2), &PredictConfig::default());
-        assert!(small.completions_ahead > 0); // the 4,500 queued tokens still do not fit
+        assert!(small.dated.completions_ahead > 0); // the 4,500 queued tokens still do not fit
         let (mut idle, none) = example();
         idle.num_requests_waiting = Some(Observed::new(0, t(1.0)));
         idle.cache_config = signals.cache_config;
@@ -1209,10 +1178,13 @@ mod tests {
             ..view
         };
         let fits = predict(&view, 700, None, t(1.2), &PredictConfig::default());
-        assert_eq!(fits.completions_ahead, 0);
-        assert!(close(fits.capacity_wait_s, 0.0) && !fits.capacity_bound);
+        assert_eq!(fits.dated.completions_ahead, 0);
+        assert!(close(fits.dated.capacity_wait_s, 0.0) && !fits.dated.capacity_bound);
         let stale = predict(&view, 8_000, None, t(1.6), &PredictConfig::default());
-        assert_eq!((stale.kv_free_tokens, stale.completions_ahead), (None, 0));
+        assert_eq!(
+            (stale.kv_free_tokens, stale.dated.completions_ahead),
+            (None, 0)
+        );
     }
 
     #[test]
@@ -1273,10 +1245,10 @@ mod tests {
         assert!(!p.signals_fresh);
         assert_eq!(p.other_waiting_requests, 0);
         assert_eq!(p.running_seqs, 0);
-        assert!(close(p.kv_pressure_factor, 1.0));
+        assert!(close(p.dated.kv_pressure_factor, 1.0));
         // The own requests were predicted to begin at 1.2; by 1.6 their schedule has them done.
-        assert!(close(p.queued_prefill_tokens, 0.0));
-        assert!(close(p.raw_ttft_s, 0.4 + 0.02 + 0.01));
+        assert!(close(p.dated.queued_prefill_tokens, 0.0));
+        assert!(close(p.dated.raw_ttft_s, 0.4 + 0.02 + 0.01));
         // Read undated: 0.15 s of own queue, half a 20 ms step in progress, the prefill, one step
         // (5,500 tokens fit in one), the overhead.
         assert!(close(p.undated.queued_prefill_tokens, 1_500.0));
@@ -1313,8 +1285,8 @@ mod tests {
         assert!(close(p.correction, 4.0));
         // Nothing queued: the correction (of the wait) changes nothing; one 20 ms step carries
         // the last token's prefill.
-        assert!(close(p.predicted_ttft_s, 0.0001 + 0.02 + 0.01));
-        assert!(close(p.selection_cost_s, p.predicted_ttft_s));
+        assert!(close(p.dated.predicted_ttft_s, 0.0001 + 0.02 + 0.01));
+        assert!(close(p.selection_cost_s, p.dated.predicted_ttft_s));
         assert!(!p.signals_fresh);
     }
 
@@ -1350,7 +1322,7 @@ mod tests {
         // The predicted TTFT itself is unchanged: the charge is for the fleet's cache, not this request.
         assert!(close(
             p.selection_cost_s - p.queue_cost_s - p.miss_cost_s,
-            p.predicted_ttft_s
+            p.dated.predicted_ttft_s
         ));
         // The best candidate itself (or one holding more), and a prompt cached entirely elsewhere
         // but for its last token, pay at most for what it would prefill.

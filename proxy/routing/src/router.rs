@@ -535,11 +535,11 @@ impl Router {
             .map(|&i| {
                 let c = &decision.candidates[i];
                 let st = self.slots[c.slot as usize].state.as_ref();
-                let (latency_s, pending) = st.map_or((c.prediction.raw_ttft_s, 0), |st| {
+                let (latency_s, pending) = st.map_or((c.prediction.dated.raw_ttft_s, 0), |st| {
                     let latency_s = if st.latency.is_observed() {
                         st.latency.value_at(now)
                     } else {
-                        c.prediction.raw_ttft_s
+                        c.prediction.dated.raw_ttft_s
                     };
                     (latency_s, st.inflight.pending())
                 });
@@ -650,7 +650,7 @@ impl Router {
             predicted_wait_s: p.undated.wait_s,
             teaches_rate: !p.undated.capacity_bound && p.undated.queued_prefill_tokens == 0.0,
             prefill_expected_at: now
-                + Duration::try_from_secs_f64(p.wait_s * p.correction).unwrap_or_default(),
+                + Duration::try_from_secs_f64(p.dated.wait_s * p.correction).unwrap_or_default(),
         });
         if p.uncached_tokens > 0 && !prompt.hashes().is_empty() {
             st.pending_prompts

@@ -368,7 +368,7 @@ fn precise_index_answers_for_endpoints_with_kv_events() {
     // 128 fewer tokens of prefill (12.8 ms) is within the 20 ms tie window, but e0 would hold a
     // second copy of those 128 tokens: charged 3 × 12.8 ms, so e1 wins.
     assert!(close(
-        c0.prediction.predicted_ttft_s - c1.prediction.predicted_ttft_s,
+        c0.prediction.dated.predicted_ttft_s - c1.prediction.dated.predicted_ttft_s,
         0.0128
     ));
     assert_eq!(c0.prediction.duplicate_tokens, 128);
@@ -462,8 +462,8 @@ fn correction_of_the_wait_rises_at_once_on_a_slow_first_token_then_decays_toward
     let p = &d.chosen().unwrap().prediction;
     // Wait: 2 × the 1,000-token mean prompt / 10,000 tok/s, and half of the 20 ms step in
     // progress; then 1,000 tokens of prefill, the step that carries them and 10 ms of overhead.
-    assert!(close(p.wait_s, 0.21));
-    let raw = p.raw_ttft_s;
+    assert!(close(p.dated.wait_s, 0.21));
+    let raw = p.dated.raw_ttft_s;
     assert!(close(raw, 0.21 + 0.1 + 0.02 + 0.01));
     let h = r.dispatch(&d, &blocks, t(1.0)).unwrap();
     // The first token comes after 3× the predicted wait (and the predicted rest).
@@ -486,8 +486,8 @@ fn correction_of_the_wait_rises_at_once_on_a_slow_first_token_then_decays_toward
     let p = &d.chosen().unwrap().prediction;
     assert!(close(p.correction, c));
     assert!(close(
-        p.predicted_ttft_s,
-        p.raw_ttft_s + p.wait_s * (c - 1.0)
+        p.dated.predicted_ttft_s,
+        p.dated.raw_ttft_s + p.dated.wait_s * (c - 1.0)
     ));
     r.complete(h).unwrap();
     // A request with nothing ahead of it teaches the correction nothing.
@@ -497,7 +497,7 @@ fn correction_of_the_wait_rises_at_once_on_a_slow_first_token_then_decays_toward
         later,
         &mut ChaCha8Rng::seed_from_u64(0),
     );
-    assert!(close(d.chosen().unwrap().prediction.wait_s, 0.0));
+    assert!(close(d.chosen().unwrap().prediction.dated.wait_s, 0.0));
     let h = r.dispatch(&d, &blocks, later).unwrap();
     r.first_token(h, later + Duration::from_secs(5)).unwrap();
     assert!(close(
@@ -664,8 +664,14 @@ fn queue_cost_keeps_a_prefix_where_it_is_cached_when_queues_form() {
     // (0.2 s) + the 2 steps of 8,192 tokens that carry it all (40 ms) + 10 ms;
     // e1: 2 × 1,350 (0.27 s) + 10 ms + 8,000 (0.8 s) + 2 steps + 10 ms. e1 would answer this
     // request first...
-    assert!(close(p0.predicted_ttft_s, 0.945 + 0.01 + 0.2 + 0.04 + 0.01));
-    assert!(close(p1.predicted_ttft_s, 0.27 + 0.01 + 0.8 + 0.04 + 0.01));
+    assert!(close(
+        p0.dated.predicted_ttft_s,
+        0.945 + 0.01 + 0.2 + 0.04 + 0.01
+    ));
+    assert!(close(
+        p1.dated.predicted_ttft_s,
+        0.27 + 0.01 + 0.8 + 0.04 + 0.01
+    ));
     // ...but its 0.8 s prefill delays the 2 behind it, where e0's 0.2 s delays 7.
     assert!(close(p0.queue_cost_s, 7.0 * 0.2));
     assert!(close(p1.queue_cost_s, 2.0 * 0.8));
@@ -750,13 +756,13 @@ fn completions_teach_the_service_time_that_paces_a_full_cache() {
     );
     let p = &d.chosen().unwrap().prediction;
     let mean_prompt = r.mean_prompt_tokens();
-    assert!(close(p.queued_prefill_tokens, 7.0 * mean_prompt));
+    assert!(close(p.dated.queued_prefill_tokens, 7.0 * mean_prompt));
     let short = 7.0 * mean_prompt + 9_000.0 - 1_600.0;
     let n = (short / 7_920.0).ceil();
     assert!(close(mean_prompt, 1_000.0) && n == 2.0);
-    assert_eq!(f64::from(p.completions_ahead), n);
-    assert!(close(p.capacity_wait_s, n * 14.0 / 20.0));
-    assert!(p.capacity_bound);
+    assert_eq!(f64::from(p.dated.completions_ahead), n);
+    assert!(close(p.dated.capacity_wait_s, n * 14.0 / 20.0));
+    assert!(p.dated.capacity_bound);
     // Every one of the 20 admitted while it holds its 9,000 tokens waits for them: its share of
     // the completions (9,000 / 7,920 × 0.7 s) or its 0.9 s prefill, whichever is longer.
     assert_eq!(p.requests_behind, 20);
@@ -981,11 +987,11 @@ fn a_substitute_model_wins_only_when_clearly_faster() {
         .iter()
         .find(|c| c.model.as_str() == GLM)
         .unwrap();
-    assert!(q.prediction.predicted_ttft_s < g.prediction.predicted_ttft_s);
+    assert!(q.prediction.dated.predicted_ttft_s < g.prediction.dated.predicted_ttft_s);
     // ...and pays half its cost again as a substitute, but is still clearly faster.
     assert!(close(
         q.prediction.substitute_cost_s,
-        0.5 * (q.prediction.predicted_ttft_s
+        0.5 * (q.prediction.dated.predicted_ttft_s
             + q.prediction.queue_cost_s
             + q.prediction.miss_cost_s)
     ));
