@@ -775,7 +775,7 @@ fn plain_order(
         .iter()
         .map(|&i| {
             let c = &decision.candidates[i];
-            p2c_inputs(inner, &c.endpoint, c.prediction.dated.raw_ttft_s, now)
+            p2c_inputs(inner, &c.endpoint, c.prediction.undated.raw_ttft_s, now)
         })
         .collect();
     let mut order = pool.clone();

@@ -535,11 +535,11 @@ impl Router {
             .map(|&i| {
                 let c = &decision.candidates[i];
                 let st = self.slots[c.slot as usize].state.as_ref();
-                let (latency_s, pending) = st.map_or((c.prediction.dated.raw_ttft_s, 0), |st| {
+                let (latency_s, pending) = st.map_or((c.prediction.undated.raw_ttft_s, 0), |st| {
                     let latency_s = if st.latency.is_observed() {
                         st.latency.value_at(now)
                     } else {
-                        c.prediction.dated.raw_ttft_s
+                        c.prediction.undated.raw_ttft_s
                     };
                     (latency_s, st.inflight.pending())
                 });
