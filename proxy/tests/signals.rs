@@ -183,11 +183,7 @@ impl Env {
             .http
             .post(format!("{}/v1/chat/completions", self.base))
             .header("x-request-id", id)
-            .json(&json!({
-                "model": MODEL,
-                "messages": [{"role": "user", "content": content}],
-                "max_tokens": 2,
-            }))
+            .json(&chat_body(content, 2, false))
             .send()
             .await
             .unwrap();
@@ -200,6 +196,16 @@ impl Env {
             .to_string();
         (served, rsp.json().await.unwrap())
     }
+}
+
+/// A chat completion request for the pool's model: one user message.
+fn chat_body(content: &str, max_tokens: u32, stream: bool) -> Value {
+    json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
 }
 
 fn chosen(record: &Value) -> &Value {
@@ -422,12 +428,7 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
     let mut stream = env
         .http
         .post(format!("http://{busy}/v1/chat/completions"))
-        .json(&json!({
-            "model": MODEL,
-            "messages": [{"role": "user", "content": "a long answer, please"}],
-            "max_tokens": 2_000,
-            "stream": true,
-        }))
+        .json(&chat_body("a long answer, please", 2_000, true))
         .send()
         .await
         .unwrap();
@@ -456,12 +457,7 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
         .http
         .post(format!("{}/v1/chat/completions", env.base))
         .header("x-request-id", "own-stream")
-        .json(&json!({
-            "model": MODEL,
-            "messages": [{"role": "user", "content": "stream a long answer"}],
-            "max_tokens": 2_000,
-            "stream": true,
-        }))
+        .json(&chat_body("stream a long answer", 2_000, true))
         .send()
         .await
         .unwrap();
@@ -504,11 +500,7 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
         tokio::spawn(async move {
             http.post(url)
                 .header("x-request-id", "long-0")
-                .json(&json!({
-                    "model": MODEL,
-                    "messages": [{"role": "user", "content": long}],
-                    "max_tokens": 1,
-                }))
+                .json(&chat_body(&long, 1, false))
                 .send()
                 .await
                 .map(|r| r.status())
