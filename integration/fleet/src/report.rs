@@ -65,8 +65,8 @@ pub struct CellResult {
     pub prediction_mape: Option<f64>,
     /// 90th percentile of |predicted − simulated| TTFT.
     pub prediction_p90_abs_err_ms: Option<f64>,
-    /// MAPE of the TTFT the selection ranks by (Kinference: the prediction with the work it dates
-    /// as under way charged back, `Prediction::ranked_ttft_s`).
+    /// MAPE of the TTFT the selection ranks by (Kinference: the undated reading's,
+    /// `Prediction::ranked_ttft_s`).
     pub ranked_mape: Option<f64>,
     pub wall_s: f64,
 }
@@ -80,6 +80,17 @@ pub fn quantile(sorted: &[f64], p: f64) -> f64 {
     let lo = pos.floor() as usize;
     let hi = pos.ceil() as usize;
     sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+}
+
+/// Mean absolute percentage error of (predicted, actual) pairs, over those with an actual above
+/// 0; `None` without pairs.
+fn mape(pairs: &[(f64, f64)]) -> Option<f64> {
+    let ape: Vec<f64> = pairs
+        .iter()
+        .filter(|(_, a)| *a > 0.0)
+        .map(|(p, a)| (p - a).abs() / a)
+        .collect();
+    (!pairs.is_empty()).then(|| mean(&ape))
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -143,22 +154,15 @@ impl CellResult {
             .iter()
             .filter_map(|o| Some((o.predicted_ttft_s?, o.ttft_s?)))
             .collect();
-        let (mape, p90_err) = if pairs.is_empty() {
-            (None, None)
-        } else {
-            let ape: Vec<f64> = pairs
-                .iter()
-                .filter(|(_, a)| *a > 0.0)
-                .map(|(p, a)| (p - a).abs() / a)
-                .collect();
-            let abs = sorted(pairs.iter().map(|(p, a)| (p - a).abs()).collect());
-            (Some(mean(&ape)), Some(quantile(&abs, 0.9) * 1e3))
-        };
-        let ranked: Vec<f64> = done
+        let p90_err = (!pairs.is_empty()).then(|| {
+            quantile(
+                &sorted(pairs.iter().map(|(p, a)| (p - a).abs()).collect()),
+                0.9,
+            ) * 1e3
+        });
+        let ranked: Vec<(f64, f64)> = done
             .iter()
             .filter_map(|o| Some((o.prediction.as_ref()?.ranked_ttft_s(), o.ttft_s?)))
-            .filter(|(_, a)| *a > 0.0)
-            .map(|(p, a)| (p - a).abs() / a)
             .collect();
         Self {
             workload: workload.to_owned(),
@@ -190,9 +194,9 @@ impl CellResult {
             },
             load_cv: cv,
             preemptions,
-            prediction_mape: mape,
+            prediction_mape: mape(&pairs),
             prediction_p90_abs_err_ms: p90_err,
-            ranked_mape: (!ranked.is_empty()).then(|| mean(&ranked)),
+            ranked_mape: mape(&ranked),
             wall_s,
         }
     }
