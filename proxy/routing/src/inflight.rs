@@ -188,16 +188,16 @@ impl InFlight {
             .sum()
     }
 
-    /// Uncached prompt tokens of the own requests awaiting their first token still to prefill at
-    /// `now` by the schedule predicted at dispatch: each one's prefill began at its
-    /// `prefill_expected_at` and has gone on at `tokens_per_second` since.
-    pub fn scheduled_prefill_tokens_left(&self, now: Time, tokens_per_second: f64) -> f64 {
+    /// Uncached prompt tokens of the own requests dispatched by `at` and awaiting their first
+    /// token that were still to prefill at `at` by the schedule predicted at dispatch: each one's
+    /// prefill began at its `prefill_expected_at` and has gone on at `tokens_per_second` since.
+    pub fn scheduled_prefill_tokens_left(&self, at: Time, tokens_per_second: f64) -> f64 {
         self.requests
             .iter()
-            .filter(|r| r.first_token_at.is_none())
+            .filter(|r| r.dispatched_at <= at && r.first_token_at.is_none())
             .map(|r| {
                 let done =
-                    now.saturating_since(r.prefill_expected_at).as_secs_f64() * tokens_per_second;
+                    at.saturating_since(r.prefill_expected_at).as_secs_f64() * tokens_per_second;
                 (f64::from(r.uncached_tokens) - done).max(0.0)
             })
             .sum()
@@ -318,6 +318,7 @@ mod tests {
             500.0 + 500.0
         );
         assert_eq!(f.scheduled_prefill_tokens_left(t(0.35), 10_000.0), 0.0);
-        assert_eq!(f.scheduled_prefill_tokens_left(t(0.0), 10_000.0), 1_500.0);
+        // As of a time, only the requests sent by then count: at 0.05, request 1 alone.
+        assert_eq!(f.scheduled_prefill_tokens_left(t(0.05), 10_000.0), 1_000.0);
     }
 }

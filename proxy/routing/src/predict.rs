@@ -424,8 +424,8 @@ pub fn predict(
     // one). A long step (a prefill chunk) in progress began at the latest token of an own stream,
     // or, without one, at that publication when scrapes have read it unchanged for longer than a
     // decode step. The long step has been working through the queue it began with (others' work
-    // first, as it was reported first) and the own requests sent before it began; own requests
-    // sent since wait in full. Without a long step, others' work is dated from the publication
+    // first, as it was reported first) and then what the schedule (below) had left, when it
+    // began, of the own requests sent before it; own requests sent since wait in full. Without a long step, others' work is dated from the publication
     // and each own request by the schedule predicted when it was sent: its prefill began when its
     // predicted wait ran out and has gone on at the endpoint's rate.
     let publication = s
@@ -447,11 +447,12 @@ pub fn predict(
         Some((elapsed_s, began)) => {
             let others_at_start =
                 (others_at_scrape - (scrape_age_s - elapsed_s).max(0.0) * rate).max(0.0);
-            let own_at_start = own.queued_prefill_tokens_dispatched_by(began) as f64;
+            let own_at_start = own.scheduled_prefill_tokens_left(began, rate);
             let done = elapsed_s * rate;
             let others_left = (others_at_start - done).max(0.0);
             let own_left = (own_at_start - (done - others_at_start).max(0.0)).max(0.0);
-            let own_since = own_queued as f64 - own_at_start;
+            let own_since =
+                own_queued as f64 - own.queued_prefill_tokens_dispatched_by(began) as f64;
             (
                 others_left,
                 own_left + own_since,
@@ -919,6 +920,27 @@ mod tests {
         assert!(close(p.others_queued_tokens, 0.0));
         assert!(close(p.own_queued_left_tokens, 700.0));
         assert!(close(p.dated.step_residual_s, 0.25 * 0.456));
+    }
+
+    #[test]
+    fn a_long_step_begins_with_what_the_schedule_left_of_own_requests() {
+        let (mut signals, mut own) = example();
+        // Request 1 streams; its latest token came at 1.044: a long step began then. Request 3
+        // (3,000 tokens) was sent at 0.9 and by its schedule began at 0.944, so 1,000 of it were
+        // done when the step began; request 2's 500 had not begun. The scrape reads the two own
+        // requests waiting and no one else's.
+        own.first_token(1, t(1.0));
+        own.token(1, t(1.044));
+        own.dispatch(own_request(3, 0.9, 3_000, 0.944));
+        signals.num_requests_waiting = Some(Observed::new(2, t(1.1)));
+        signals.num_requests_running = Some(Observed::new(10, t(1.1)));
+        let p = predict_example(&signals, &own, 1.144);
+        assert!(close(p.step_elapsed_s.unwrap(), 0.1));
+        // The step began with 2,000 + 500 own tokens and has done 0.1 s × 10,000 tokens/s of
+        // them; the undated reading counts both requests in full.
+        assert!(close(p.others_queued_tokens, 0.0));
+        assert!(close(p.own_queued_left_tokens, 1_500.0));
+        assert!(close(p.undated.queued_prefill_tokens, 3_500.0));
     }
 
     #[test]
