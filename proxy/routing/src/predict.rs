@@ -69,6 +69,11 @@ pub struct PredictConfig {
     pub rate_alpha: f64,
     /// Requests with fewer uncached tokens do not teach the prefill rate (too much noise).
     pub rate_min_sample_tokens: u32,
+    /// Nor do requests whose predicted prefill is shorter than this many decode steps: a first
+    /// token's time carries up to a step of unknown phase (the step in progress when the request
+    /// arrived), so a shorter prefill is mostly that noise, and a mean of `tokens / noisy
+    /// seconds` is biased high (the mean of a reciprocal exceeds the reciprocal of the mean).
+    pub rate_min_sample_steps: f64,
     /// A sample is clamped to within this factor of the current rate.
     pub rate_max_step_factor: f64,
     /// Output tokens assumed per request before an endpoint has completed any of this proxy's
@@ -105,6 +110,7 @@ impl Default for PredictConfig {
             correction_tau: crate::ewma::DEFAULT_TAU,
             rate_alpha: 0.2,
             rate_min_sample_tokens: 64,
+            rate_min_sample_steps: 2.0,
             rate_max_step_factor: 10.0,
             default_output_tokens: 256.0,
             service_alpha: 0.2,
@@ -282,6 +288,9 @@ pub struct Prediction {
     /// How long the engine step in progress has run: the time since the latest token of this
     /// proxy's streams decoding on the endpoint (`None` without one).
     pub step_elapsed_s: Option<f64>,
+    /// One decode step at the running batch: `time_per_output_token_s + running ×
+    /// decode_step_per_seq_s`.
+    pub decode_step_s: f64,
     pub overhead_s: f64,
     pub correction: f64,
     /// The wait and TTFT with the queue dated by what the engine has under way (see
@@ -582,6 +591,7 @@ pub fn predict(
         prefill_s,
         attention_s,
         step_elapsed_s,
+        decode_step_s,
         overhead_s,
         correction,
         dated,

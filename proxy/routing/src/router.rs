@@ -648,7 +648,9 @@ impl Router {
             kv_pressure_factor: p.undated.kv_pressure_factor,
             predicted_raw_ttft_s: p.undated.raw_ttft_s,
             predicted_wait_s: p.undated.wait_s,
-            teaches_rate: !p.undated.capacity_bound && p.undated.queued_prefill_tokens == 0.0,
+            teaches_rate: !p.undated.capacity_bound
+                && p.undated.queued_prefill_tokens == 0.0
+                && p.prefill_s >= self.config.predict.rate_min_sample_steps * p.decode_step_s,
             prefill_expected_at: now
                 + Duration::try_from_secs_f64(p.dated.wait_s * p.correction).unwrap_or_default(),
         });

@@ -532,6 +532,42 @@ fn prefill_rate_is_learned_from_first_tokens() {
 }
 
 #[test]
+fn a_prefill_shorter_than_two_decode_steps_does_not_teach_the_rate() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let mut r = fleet(1, GLM, Some((t(1.0), 0)));
+    let e0 = EndpointId::from("e0");
+    let blocks = prompt("q");
+    // 300 uncached tokens at the prior's 10,000 tok/s: a 30 ms prefill, under two 20 ms decode
+    // steps. Its first token's time is mostly the phase of the step it arrived in: not learned.
+    let d = r.decide(
+        &request(glm, &cands, 300, &blocks),
+        t(1.0),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    let p = &d.chosen().unwrap().prediction;
+    assert!(close(p.decode_step_s, 0.02));
+    assert!(p.prefill_s < 2.0 * p.decode_step_s);
+    let h = r.dispatch(&d, &blocks, t(1.0)).unwrap();
+    r.first_token(h, t(1.05)).unwrap();
+    assert!(close(r.prefill_tokens_per_second(&e0).unwrap(), 10_000.0));
+    r.complete(h).unwrap();
+    // 500 tokens (50 ms, two and a half steps) in 70 ms after the same 30 ms of step and
+    // overhead: 12,500 tok/s, learned at α = 0.2.
+    let d = r.decide(
+        &request(glm, &cands, 500, &blocks),
+        t(2.0),
+        &mut ChaCha8Rng::seed_from_u64(0),
+    );
+    let h = r.dispatch(&d, &blocks, t(2.0)).unwrap();
+    r.first_token(h, t(2.07)).unwrap();
+    assert!(close(
+        r.prefill_tokens_per_second(&e0).unwrap(),
+        10_000.0 + 0.2 * (12_500.0 - 10_000.0)
+    ));
+}
+
+#[test]
 fn one_stale_endpoint_keeps_only_its_own_inflight_when_others_are_fresh() {
     let cands = models(&[GLM]);
     let glm = &cands[0];
