@@ -4,7 +4,8 @@
 use kinference_routing::{
     ApproxConfig, BlockHasher, CacheConfig, EndpointId, EndpointMeta, KvEvent, ModelName,
     ModelPrior, PromptBlocks, Reason, Request, Router, RouterConfig, RouterError, Scrape, Time,
-    decision::Exclusion, prefix::PrefixSource,
+    decision::{Decision, Exclusion},
+    prefix::PrefixSource,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -74,6 +75,23 @@ fn scrape(r: &mut Router, id: &EndpointId, at: Time, waiting: u32, running: u32,
 
 fn prompt(text: &str) -> PromptBlocks {
     PromptBlocks::from_text(text.as_bytes(), &ApproxConfig::default())
+}
+
+/// `r`'s decision for a `tokens`-token request for `requested` (any of `candidates` may serve it)
+/// at `at`, ties broken by a fixed seed.
+fn decide(
+    r: &Router,
+    requested: &ModelName,
+    candidates: &[ModelName],
+    tokens: u32,
+    blocks: &PromptBlocks,
+    at: Time,
+) -> Decision {
+    r.decide(
+        &request(requested, candidates, tokens, blocks),
+        at,
+        &mut ChaCha8Rng::seed_from_u64(0),
+    )
 }
 
 fn models(names: &[&str]) -> Vec<ModelName> {
@@ -191,11 +209,7 @@ fn fifty_sidecars_with_one_stale_snapshot_fall_back_and_spread() {
 
     // Just inside the budget the same snapshot is used for prediction.
     let r = fleet(8, GLM, Some((t(1.0), 0)));
-    let d = r.decide(
-        &request(glm, &cands, 1_000, &blocks),
-        t(1.5),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 1_000, &blocks, t(1.5));
     assert_eq!(d.reason, Reason::TieBroken { tied: 8 });
 }
 
@@ -454,11 +468,7 @@ fn correction_of_the_wait_rises_at_once_on_a_slow_first_token_then_decays_toward
     let mut r = fleet(1, GLM, Some((t(1.0), 2)));
     let e0 = EndpointId::from("e0");
     let blocks = prompt("q");
-    let d = r.decide(
-        &request(glm, &cands, 1_000, &blocks),
-        t(1.0),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 1_000, &blocks, t(1.0));
     let p = &d.chosen().unwrap().prediction;
     // Wait: 2 × the 1,000-token mean prompt / 10,000 tok/s, and half of the 20 ms step in
     // progress; then 1,000 tokens of prefill, the step that carries them and 10 ms of overhead.
@@ -478,11 +488,7 @@ fn correction_of_the_wait_rises_at_once_on_a_slow_first_token_then_decays_toward
     assert!(close(r.correction(&e0, later).unwrap(), c));
     // And the prediction carries it, on the wait only.
     scrape(&mut r, &e0, later, 2, 0, 0.1);
-    let d = r.decide(
-        &request(glm, &cands, 1_000, &blocks),
-        later,
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 1_000, &blocks, later);
     let p = &d.chosen().unwrap().prediction;
     assert!(close(p.correction, c));
     assert!(close(
@@ -492,11 +498,7 @@ fn correction_of_the_wait_rises_at_once_on_a_slow_first_token_then_decays_toward
     r.complete(h).unwrap();
     // A request with nothing ahead of it teaches the correction nothing.
     scrape(&mut r, &e0, later, 0, 0, 0.1);
-    let d = r.decide(
-        &request(glm, &cands, 1_000, &blocks),
-        later,
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 1_000, &blocks, later);
     assert!(close(d.chosen().unwrap().prediction.dated.wait_s, 0.0));
     let h = r.dispatch(&d, &blocks, later).unwrap();
     r.first_token(h, later + Duration::from_secs(5)).unwrap();
@@ -513,11 +515,7 @@ fn prefill_rate_is_learned_from_first_tokens() {
     let mut r = fleet(1, GLM, Some((t(1.0), 0)));
     let e0 = EndpointId::from("e0");
     let blocks = prompt("q");
-    let d = r.decide(
-        &request(glm, &cands, 4_000, &blocks),
-        t(1.0),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 4_000, &blocks, t(1.0));
     let h = r.dispatch(&d, &blocks, t(1.0)).unwrap();
     // 4,000 uncached tokens arrive after 0.83 s: 0.8 s of prefill after one 20 ms step's own
     // cost and 10 ms overhead = 5,000 tok/s.
@@ -540,11 +538,7 @@ fn a_prefill_shorter_than_two_decode_steps_does_not_teach_the_rate() {
     let blocks = prompt("q");
     // 300 uncached tokens at the prior's 10,000 tok/s: a 30 ms prefill, under two 20 ms decode
     // steps. Its first token's time is mostly the phase of the step it arrived in: not learned.
-    let d = r.decide(
-        &request(glm, &cands, 300, &blocks),
-        t(1.0),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 300, &blocks, t(1.0));
     let p = &d.chosen().unwrap().prediction;
     assert!(close(p.decode_step_s, 0.02));
     assert!(p.prefill_s < 2.0 * p.decode_step_s);
@@ -554,11 +548,7 @@ fn a_prefill_shorter_than_two_decode_steps_does_not_teach_the_rate() {
     r.complete(h).unwrap();
     // 500 tokens (50 ms, two and a half steps) in 70 ms after the same 30 ms of step and
     // overhead: 12,500 tok/s, learned at α = 0.2.
-    let d = r.decide(
-        &request(glm, &cands, 500, &blocks),
-        t(2.0),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 500, &blocks, t(2.0));
     let h = r.dispatch(&d, &blocks, t(2.0)).unwrap();
     r.first_token(h, t(2.07)).unwrap();
     assert!(close(
@@ -576,11 +566,7 @@ fn one_stale_endpoint_keeps_only_its_own_inflight_when_others_are_fresh() {
     scrape(&mut r, &EndpointId::from("e0"), t(0.2), 10, 0, 0.1);
     scrape(&mut r, &EndpointId::from("e1"), t(0.9), 1, 0, 0.1);
     let blocks = prompt("q");
-    let d = r.decide(
-        &request(glm, &cands, 1_000, &blocks),
-        t(1.0),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 1_000, &blocks, t(1.0));
     // e0's scrape at 1.0 s (waiting 0) is newer, so the 0.2 s one was ignored; make it stale instead.
     assert_eq!(
         d.candidates[0].prediction.reported_waiting.unwrap().value,
@@ -588,11 +574,7 @@ fn one_stale_endpoint_keeps_only_its_own_inflight_when_others_are_fresh() {
     );
     let mut r = fleet(1, GLM, Some((t(0.2), 10)));
     add(&mut r, 1, GLM, "f", Some((t(0.9), 1)));
-    let d = r.decide(
-        &request(glm, &cands, 1_000, &blocks),
-        t(1.0),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 1_000, &blocks, t(1.0));
     assert!(!d.reason.is_fallback());
     let stale = d
         .candidates
@@ -619,11 +601,7 @@ fn decision_serializes_without_prompt_text() {
     let r = fleet(2, GLM, Some((t(1.0), 0)));
     let secret = "SECRET-PROMPT-TEXT ".repeat(10);
     let blocks = prompt(&secret);
-    let d = r.decide(
-        &request(glm, &cands, 50, &blocks),
-        t(1.1),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 50, &blocks, t(1.1));
     let json = serde_json::to_value(&d).unwrap();
     let text = json.to_string();
     assert!(!text.contains("SECRET"));
@@ -641,11 +619,7 @@ fn handles_of_a_removed_endpoint_are_stale() {
     let glm = &cands[0];
     let mut r = fleet(1, GLM, Some((t(1.0), 0)));
     let blocks = prompt("q");
-    let d = r.decide(
-        &request(glm, &cands, 100, &blocks),
-        t(1.0),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 100, &blocks, t(1.0));
     let h = r.dispatch(&d, &blocks, t(1.0)).unwrap();
     assert!(r.remove_endpoint(&EndpointId::from("e0")));
     add(&mut r, 1, GLM, "e", Some((t(1.0), 0))); // same id, same slot, new generation
@@ -672,11 +646,7 @@ fn queue_cost_keeps_a_prefix_where_it_is_cached_when_queues_form() {
     // The prefix reaches e0 first (e1 not ready), and that request completes.
     r.set_ready(&e1, false).unwrap();
     let first = shared_prefix_prompt('a');
-    let d = r.decide(
-        &request(glm, &cands, 8_000, &first),
-        t(1.0),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 8_000, &first, t(1.0));
     let h = r.dispatch(&d, &first, t(1.0)).unwrap();
     r.first_token(h, t(1.83)).unwrap();
     r.complete_at(h, t(5.0)).unwrap();
@@ -688,11 +658,7 @@ fn queue_cost_keeps_a_prefix_where_it_is_cached_when_queues_form() {
     scrape(&mut r, &e0, t(6.0), 7, 0, 0.1);
     scrape(&mut r, &e1, t(6.0), 2, 0, 0.1);
     let next = shared_prefix_prompt('b');
-    let d = r.decide(
-        &request(glm, &cands, 8_000, &next),
-        t(6.0),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 8_000, &next, t(6.0));
     let p0 = &d.candidates[0].prediction;
     let p1 = &d.candidates[1].prediction;
     assert_eq!((p0.cached_tokens, p1.cached_tokens), (6_000, 0));
@@ -725,22 +691,14 @@ fn queue_cost_keeps_a_prefix_where_it_is_cached_when_queues_form() {
     plain.set_model_prior(GLM.into(), prior());
     add(&mut plain, 2, GLM, "e", Some((t(1.0), 0)));
     plain.set_ready(&e1, false).unwrap();
-    let d = plain.decide(
-        &request(glm, &cands, 8_000, &first),
-        t(1.0),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&plain, glm, &cands, 8_000, &first, t(1.0));
     let h = plain.dispatch(&d, &first, t(1.0)).unwrap();
     plain.first_token(h, t(1.83)).unwrap();
     plain.complete_at(h, t(5.0)).unwrap();
     plain.set_ready(&e1, true).unwrap();
     scrape(&mut plain, &e0, t(6.0), 7, 0, 0.1);
     scrape(&mut plain, &e1, t(6.0), 2, 0, 0.1);
-    let d = plain.decide(
-        &request(glm, &cands, 8_000, &next),
-        t(6.0),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&plain, glm, &cands, 8_000, &next, t(6.0));
     assert_eq!(d.chosen_endpoint(), Some(&e1));
 }
 
@@ -752,11 +710,7 @@ fn completions_teach_the_service_time_that_paces_a_full_cache() {
     let e0 = EndpointId::from("e0");
     let blocks = prompt("q");
     let send = |r: &mut Router, at: f64| {
-        let d = r.decide(
-            &request(glm, &cands, 1_000, &blocks),
-            t(at),
-            &mut ChaCha8Rng::seed_from_u64(0),
-        );
+        let d = decide(r, glm, &cands, 1_000, &blocks, t(at));
         r.dispatch(&d, &blocks, t(at)).unwrap()
     };
     assert_eq!(r.service_s(&e0), None);
@@ -785,11 +739,7 @@ fn completions_teach_the_service_time_that_paces_a_full_cache() {
     // prompt that is 16,000 − 1,600 = 14,400 tokens short: 2 completions, one every 14 s / 20.
     scrape(&mut r, &e0, t(60.0), 7, 20, 0.99);
     let big = prompt("a different prompt");
-    let d = r.decide(
-        &request(glm, &cands, 9_000, &big),
-        t(60.0),
-        &mut ChaCha8Rng::seed_from_u64(0),
-    );
+    let d = decide(&r, glm, &cands, 9_000, &big, t(60.0));
     let p = &d.chosen().unwrap().prediction;
     let mean_prompt = r.mean_prompt_tokens();
     assert!(close(p.dated.queued_prefill_tokens, 7.0 * mean_prompt));
@@ -1004,11 +954,7 @@ fn a_substitute_model_wins_only_when_clearly_faster() {
         let mut r = fleet(1, GLM, Some((t(1.0), glm_waiting)));
         add(&mut r, 1, QWEN, "q", Some((t(1.0), 0)));
         r.set_model_prior(QWEN.into(), prior());
-        r.decide(
-            &request(glm, &cands, 500, &blocks),
-            t(1.0),
-            &mut ChaCha8Rng::seed_from_u64(0),
-        )
+        decide(&r, glm, &cands, 500, &blocks, t(1.0))
     };
     // One request queued at glm: qwen would answer 0.11 s sooner (0.08 s against 0.19 s: the
     // queued request and half a step in progress)...
