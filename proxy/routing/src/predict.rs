@@ -434,9 +434,10 @@ pub fn predict(
     // or, without one, at that publication when scrapes have read it unchanged for longer than a
     // decode step. The long step has been working through the queue it began with (others' work
     // first, as it was reported first) and then what the schedule (below) had left, when it
-    // began, of the own requests sent before it; own requests sent since wait in full. Without a long step, others' work is dated from the publication
-    // and each own request by the schedule predicted when it was sent: its prefill began when its
-    // predicted wait ran out and has gone on at the endpoint's rate.
+    // began, of the own requests sent before it; own requests sent since wait in full. Without a
+    // long step, others' work is dated from the publication and each own request by the schedule
+    // predicted when it was sent: its prefill began when its predicted wait ran out and has gone
+    // on at the endpoint's rate.
     let publication = s
         .publication
         .filter(|p| now.saturating_since(p.still) <= budget);
