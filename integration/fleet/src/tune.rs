@@ -20,7 +20,8 @@ pub enum TuneError {
 }
 
 const KNOWN: &str = "affinity_slack, affinity_kv_floor, affinity_key_tokens, miss_cost_weight, \
-                     queue_cost_weight, prefilling_remaining_fraction, rate_alpha, substitute_margin, tie_window_s, \
+                     queue_cost_weight, prefilling_remaining_fraction, rate_alpha, \
+                     rate_min_sample_steps, substitute_margin, tie_window_s, \
                      long_step_residual_fraction";
 
 /// Applies one `name=value` setting to `config`.
@@ -45,6 +46,7 @@ pub fn apply(config: &mut RouterConfig, setting: &str) -> Result<(), TuneError> 
         "queue_cost_weight" => config.predict.queue_cost_weight = v,
         "prefilling_remaining_fraction" => config.predict.prefilling_remaining_fraction = v,
         "rate_alpha" => config.predict.rate_alpha = v,
+        "rate_min_sample_steps" => config.predict.rate_min_sample_steps = v,
         "substitute_margin" => config.substitute_margin = v,
         "tie_window_s" => config.tie_window = Duration::from_secs_f64(v),
         "long_step_residual_fraction" => config.predict.long_step_residual_fraction = v,
