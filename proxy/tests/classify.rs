@@ -16,6 +16,10 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response, body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+#[path = "support/client.rs"]
+mod client;
+
+use client::ProxyClient;
 use kinference_proxy::local::{Stack, StackOptions, wait_until};
 use serde_json::{Value, json};
 use std::{
@@ -32,14 +36,23 @@ use tokio::sync::Notify;
 
 const PROXY: &str = env!("CARGO_BIN_EXE_kinference-proxy");
 
+/// The model every request here asks for.
+const MODEL: &str = "glm-5.3";
+
 const BILLING: &str = "I think I was charged twice on my last invoice, can I get a refund?";
 const OUTAGE: &str = "Requests to the API are timing out and returning 503 errors";
 
 struct Env {
     stack: Stack,
-    http: reqwest::Client,
-    base: String,
-    admin: String,
+    client: ProxyClient,
+}
+
+/// The stack's proxy is the one the tests talk to: `env.decision(..)`, `env.base`.
+impl std::ops::Deref for Env {
+    type Target = ProxyClient;
+    fn deref(&self) -> &ProxyClient {
+        &self.client
+    }
 }
 
 async fn start() -> Env {
@@ -53,19 +66,10 @@ async fn start() -> Env {
         .unwrap()
         .expect("the local stack starts");
     let env = Env {
-        base: format!("http://{}", stack.proxy.listen),
-        admin: format!("http://{}", stack.proxy.admin),
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .unwrap(),
+        client: ProxyClient::of(&stack.proxy),
         stack,
     };
-    wait_until("the proxy is ready", Duration::from_secs(30), || async {
-        let rsp = env.http.get(format!("{}/ready", env.admin)).send().await;
-        rsp.ok().filter(|r| r.status().is_success()).map(|_| ())
-    })
-    .await;
+    env.wait_ready().await;
     env
 }
 
@@ -102,25 +106,13 @@ impl Env {
         });
     }
 
-    async fn classify(&self, content: &str) -> Value {
-        self.http
-            .post(format!("{}/debug/classify", self.admin))
-            .json(&json!({"model": "glm-5.3", "messages": [{"role": "user", "content": content}]}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-
     /// The explanation of tag `name` for `content`, once the proxy computes it.
     async fn wait_for_tag(&self, name: &str, content: &str) -> Value {
         wait_until(
             &format!("the proxy computes tag {name}"),
             Duration::from_secs(30),
             || async {
-                let v = self.classify(content).await;
+                let v = self.classify(MODEL, content).await;
                 tag(&v, name).cloned()
             },
         )
@@ -129,35 +121,14 @@ impl Env {
 
     /// Sends a chat request; returns the status and the answer.
     async fn chat(&self, content: &str, id: &str) -> (u16, Value) {
-        let rsp = self
-            .http
-            .post(format!("{}/v1/chat/completions", self.base))
-            .header("x-request-id", id)
-            .json(&json!({
-                "model": "glm-5.3",
-                "messages": [{"role": "user", "content": content}],
-                "max_tokens": 4,
-            }))
-            .send()
-            .await
-            .expect("the proxy answers");
+        let body = json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 4,
+        });
+        let rsp = self.post_chat(&body, id).await;
         let status = rsp.status().as_u16();
         (status, rsp.json().await.unwrap_or_default())
-    }
-
-    async fn decision(&self, id: &str) -> Value {
-        let v: Value = self
-            .http
-            .get(format!("{}/debug/decisions?request_id={id}", self.admin))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        v.get(0)
-            .cloned()
-            .unwrap_or_else(|| panic!("no decision record for {id}"))
     }
 }
 
@@ -205,7 +176,7 @@ async fn an_exemplar_tag_drives_a_policy_rule() {
     assert_eq!(t["value"], "billing", "{t}");
     assert_eq!(t["source"]["kind"], "exemplars", "{t}");
     assert!(t["confidence"].as_f64().unwrap() > 0.0, "{t}");
-    let v = env.classify(OUTAGE).await;
+    let v = env.classify(MODEL, OUTAGE).await;
     assert_eq!(tag(&v, "topic").unwrap()["value"], "outage", "{v}");
     // The only rule: billing prompts may also go to qwen-3.6-27b.
     env.rewrite("policy.yaml", "InferencePolicy", |doc| {
@@ -220,13 +191,13 @@ async fn an_exemplar_tag_drives_a_policy_rule() {
         "the policy with the topic rule is served",
         Duration::from_secs(30),
         || async {
-            let v = env.classify(BILLING).await;
+            let v = env.classify(MODEL, BILLING).await;
             (v["candidates"]["models"] == json!(["glm-5.3", "qwen-3.6-27b"])).then_some(v)
         },
     )
     .await;
     assert_eq!(tag(&v, "topic").unwrap()["value"], "billing");
-    let v = env.classify(OUTAGE).await;
+    let v = env.classify(MODEL, OUTAGE).await;
     assert_eq!(v["candidates"]["models"], json!(["glm-5.3"]), "{v}");
 
     // Requests through the proxy: the tag and the rule's effect are in the decision records.
@@ -373,7 +344,9 @@ async fn a_late_external_classifier_never_holds_a_request() {
     let (value, confidence) = recorded(&d, "domain").unwrap();
     assert_eq!(value, "legal", "{d}");
     assert!((confidence - 0.9).abs() < 1e-6, "{d}");
-    let v = env.classify("Summarise the attached contract.").await;
+    let v = env
+        .classify(MODEL, "Summarise the attached contract.")
+        .await;
     assert_eq!(
         tag(&v, "domain").unwrap()["source"],
         json!({"kind": "external"}),

@@ -9,10 +9,14 @@
 //! `cargo build` first when missing (see `kinference_proxy::local`). Every wait is a bounded poll
 //! for a condition, never a sleep that hopes.
 
+#[path = "support/client.rs"]
+mod client;
+
+use client::ProxyClient;
 use kinference_proxy::local::{Stack, StackOptions, wait_until};
 use kinference_proxy_signals::{PromptRef, Tokenizer};
 use serde_json::{Value, json};
-use std::{path::Path, time::Duration};
+use std::{ops::Deref, path::Path, time::Duration};
 
 const PROXY: &str = env!("CARGO_BIN_EXE_kinference-proxy");
 
@@ -48,9 +52,15 @@ const HIGH_CANDIDATES: &[&str] = &[
 
 struct Env {
     stack: Stack,
-    http: reqwest::Client,
-    base: String,
-    admin: String,
+    client: ProxyClient,
+}
+
+/// The stack's proxy is the one the tests talk to: `env.decision(..)`, `env.base`.
+impl Deref for Env {
+    type Target = ProxyClient;
+    fn deref(&self) -> &ProxyClient {
+        &self.client
+    }
 }
 
 async fn start(opts: StackOptions, patch: fn(&mut serde_yaml::Value)) -> Env {
@@ -59,12 +69,7 @@ async fn start(opts: StackOptions, patch: fn(&mut serde_yaml::Value)) -> Env {
         .unwrap()
         .expect("the local stack starts");
     let env = Env {
-        base: format!("http://{}", stack.proxy.listen),
-        admin: format!("http://{}", stack.proxy.admin),
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .unwrap(),
+        client: ProxyClient::of(&stack.proxy),
         stack,
     };
     let n = env.stack.sims.len();
@@ -139,59 +144,6 @@ impl Env {
             "stream": stream,
         });
         self.post("/v1/chat/completions", &body, Some(id)).await
-    }
-
-    async fn admin_json(&self, path: &str) -> Value {
-        self.http
-            .get(format!("{}{path}", self.admin))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-
-    async fn endpoints(&self) -> Vec<Value> {
-        self.admin_json("/debug/endpoints").await["endpoints"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    async fn decision(&self, request_id: &str) -> Value {
-        let v = self
-            .admin_json(&format!("/debug/decisions?request_id={request_id}"))
-            .await;
-        v.get(0)
-            .cloned()
-            .unwrap_or_else(|| panic!("no decision record for {request_id}"))
-    }
-
-    /// The sum of the samples of `name` whose labels contain every one of `labels`.
-    async fn metric(&self, name: &str, labels: &[&str]) -> f64 {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.admin))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .filter(|l| l.starts_with(&format!("{name}{{")))
-            .filter(|l| labels.iter().all(|s| l.contains(s)))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
-
-    async fn endpoint(&self, id: &str) -> Value {
-        self.endpoints()
-            .await
-            .into_iter()
-            .find(|e| e["endpoint"] == id)
-            .unwrap_or_else(|| panic!("no endpoint {id}"))
     }
 
     /// Waits until a KV-event batch from every replica has reached the proxy. A ZMQ subscriber
@@ -279,18 +231,7 @@ impl Env {
     async fn pick(&self, candidates: &[&'static str], models: Value) -> &'static str {
         let mut seen = Vec::new();
         for prompt in candidates {
-            let v: Value = self
-                .http
-                .post(format!("{}/debug/classify", self.admin))
-                .json(
-                    &json!({"model": "glm-5.3", "messages": [{"role": "user", "content": prompt}]}),
-                )
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let v = self.classify("glm-5.3", prompt).await;
             if v["candidates"]["models"] == models {
                 return prompt;
             }
@@ -565,16 +506,7 @@ async fn low_complexity_goes_to_qwen_when_faster_high_complexity_never() {
     // confidence are those its score has under them.
     let mut levels = Vec::new();
     for prompt in LOW_CANDIDATES.iter().chain(HIGH_CANDIDATES) {
-        let v: Value = env
-            .http
-            .post(format!("{}/debug/classify", env.admin))
-            .json(&json!({"model": "glm-5.3", "messages": [{"role": "user", "content": prompt}]}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = env.classify("glm-5.3", prompt).await;
         let tag = v["explanation"]["tags"]
             .as_array()
             .and_then(|t| t.iter().find(|t| t["name"] == "complexity"))
@@ -599,16 +531,7 @@ async fn low_complexity_goes_to_qwen_when_faster_high_complexity_never() {
         (low, json!(["glm-5.3", "qwen-3.6-27b"])),
         (high, json!(["glm-5.3"])),
     ] {
-        let v: Value = env
-            .http
-            .post(format!("{}/debug/classify", env.admin))
-            .json(&json!({"model": "glm-5.3", "messages": [{"role": "user", "content": prompt}]}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = env.classify("glm-5.3", prompt).await;
         assert_eq!(v["candidates"]["models"], models, "{v}");
     }
 
@@ -713,15 +636,7 @@ async fn long_prompt_returns_to_its_prefix_unless_another_is_faster_and_saturati
     let turns = [("user", prefix.as_str())];
     let prefix_blocks = t.block_hashes(&t.tokens(PromptRef::Chat(&turns)), 16).len() as u64;
     assert!(prefix_blocks > 60, "{prefix_blocks}");
-    let e = wait_until(
-        "the holder's precise index holds the prefix",
-        Duration::from_secs(20),
-        || async {
-            let e = env.endpoint(&holder).await;
-            (e["kv_events"]["blocks_held"].as_u64().unwrap_or(0) >= prefix_blocks).then_some(e)
-        },
-    )
-    .await;
+    let e = env.wait_for_blocks_held(&holder, prefix_blocks).await;
     assert_eq!(e["kv_events"]["precise"], true, "{e}");
     assert_eq!(e["kv_events"]["tokenizer"], "kinference-sim", "{e}");
     for n in 1..4 {

@@ -10,6 +10,10 @@
 //! the proxy binary subscribes per endpoint. Binaries come from the Cargo target directory, as in
 //! `e2e.rs`. Every wait is a bounded poll for a condition.
 
+#[path = "support/client.rs"]
+mod client;
+
+use client::{ProxyClient, served_by};
 use kinference_proxy::local::{self, Proc, wait_until};
 use kinference_proxy_signals::{PromptRef, Tokenizer};
 use serde_json::{Value, json};
@@ -97,9 +101,7 @@ fn translation_rule(doc: &mut serde_yaml::Value) {
 }
 
 struct Env {
-    http: reqwest::Client,
-    base: String,
-    admin: String,
+    client: ProxyClient,
     sims: Vec<Sim>,
     _proxy: local::Proxy,
     _controller: local::Controller,
@@ -134,12 +136,7 @@ async fn start() -> Env {
     .await
     .unwrap();
     Env {
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .unwrap(),
-        base: format!("http://{}", proxy.listen),
-        admin: format!("http://{}", proxy.admin),
+        client: ProxyClient::of(&proxy),
         sims,
         _proxy: proxy,
         _controller: controller,
@@ -147,54 +144,20 @@ async fn start() -> Env {
     }
 }
 
+/// The proxy under test: `env.decision(..)`, `env.base`.
+impl std::ops::Deref for Env {
+    type Target = ProxyClient;
+    fn deref(&self) -> &ProxyClient {
+        &self.client
+    }
+}
+
 impl Env {
-    async fn get(&self, path: &str) -> Value {
-        self.http
-            .get(format!("{}{path}", self.admin))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-
-    async fn endpoint(&self, id: &str) -> Value {
-        self.get("/debug/endpoints").await["endpoints"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|e| e["endpoint"] == id)
-            .cloned()
-            .unwrap_or(Value::Null)
-    }
-
-    async fn decision(&self, request_id: &str) -> Value {
-        self.get(&format!("/debug/decisions?request_id={request_id}"))
-            .await
-            .get(0)
-            .cloned()
-            .unwrap_or_else(|| panic!("no decision record for {request_id}"))
-    }
-
     /// A non-stream chat request through the proxy: (served endpoint, body).
     async fn chat(&self, content: &str, id: &str) -> (String, Value) {
-        let rsp = self
-            .http
-            .post(format!("{}/v1/chat/completions", self.base))
-            .header("x-request-id", id)
-            .json(&chat_body(content, 2, false))
-            .send()
-            .await
-            .unwrap();
+        let rsp = self.post_chat(&chat_body(content, 2, false), id).await;
         assert_eq!(rsp.status(), 200);
-        let served = rsp
-            .headers()
-            .get("x-kinference-endpoint")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string();
-        (served, rsp.json().await.unwrap())
+        (served_by(&rsp), rsp.json().await.unwrap())
     }
 }
 
@@ -300,15 +263,7 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
     );
 
     // The holder's events arrive: its precise index holds at least the prompt's blocks.
-    let e = wait_until(
-        "the holder's precise index holds the prompt's blocks",
-        Duration::from_secs(20),
-        || async {
-            let e = env.endpoint(&holder).await;
-            (e["kv_events"]["blocks_held"].as_u64().unwrap_or(0) >= prompt_blocks).then_some(e)
-        },
-    )
-    .await;
+    let e = env.wait_for_blocks_held(&holder, prompt_blocks).await;
     assert_eq!(e["kv_events"]["precise"], true, "{e}");
 
     // The non-stream answer fed the predictor: an estimated first token, and a TTFT peak-EWMA on
@@ -361,7 +316,7 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
     {
         env.chat(p, &format!("rule-{n}")).await;
     }
-    let records = env.get("/debug/decisions").await;
+    let records = env.admin_json("/debug/decisions").await;
     let mut want: BTreeMap<(String, String), f64> = BTreeMap::new();
     for r in records.as_array().unwrap() {
         let model = chosen(r)["model"].as_str().unwrap().to_string();
@@ -373,15 +328,7 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
             }
         }
     }
-    let metrics = env
-        .http
-        .get(format!("{}/metrics", env.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = env.metrics_text().await;
     let mut got: BTreeMap<(String, String), f64> = BTreeMap::new();
     for line in metrics
         .lines()
@@ -406,15 +353,7 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
     assert_eq!(got, want, "{records}");
 
     // The proxy counted the batches it applied.
-    let metrics = env
-        .http
-        .get(format!("{}/metrics", env.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = env.metrics_text().await;
     assert!(
         metrics
             .contains(r#"kinference_proxy_kv_event_batches_total{pool="glm-5.3",model="glm-5.3"}"#),
@@ -454,20 +393,13 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
     // so the next decision times the step in progress there (less than a 12 ms decode step ago
     // plus scheduling noise, never the half-step guess used without a stream).
     let mut own = env
-        .http
-        .post(format!("{}/v1/chat/completions", env.base))
-        .header("x-request-id", "own-stream")
-        .json(&chat_body("stream a long answer", 2_000, true))
-        .send()
-        .await
-        .unwrap();
+        .post_chat(
+            &chat_body("stream a long answer", 2_000, true),
+            "own-stream",
+        )
+        .await;
     assert_eq!(own.status(), 200);
-    let streaming_on = own
-        .headers()
-        .get("x-kinference-endpoint")
-        .and_then(|v| v.to_str().ok())
-        .unwrap()
-        .to_string();
+    let streaming_on = served_by(&own);
     for _ in 0..3 {
         assert!(own.chunk().await.unwrap().is_some());
     }
@@ -495,22 +427,17 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
     // ranks by still counts all of it.
     let long: String = (0..40_000).map(|i| format!("w{i} ")).collect();
     let long_request = {
-        let http = env.http.clone();
-        let url = format!("{}/v1/chat/completions", env.base);
+        let client = env.client.clone();
         tokio::spawn(async move {
-            http.post(url)
-                .header("x-request-id", "long-0")
-                .json(&chat_body(&long, 1, false))
-                .send()
-                .await
-                .map(|r| r.status())
+            let body = chat_body(&long, 1, false);
+            client.post_chat(&body, "long-0").await.status()
         })
     };
     let long_on = wait_until(
         "the proxy dispatches the long prompt",
         Duration::from_secs(20),
         || async {
-            let records = env.get("/debug/decisions?request_id=long-0").await;
+            let records = env.admin_json("/debug/decisions?request_id=long-0").await;
             let record = records.get(0)?;
             chosen(record)["endpoint"].as_str().map(str::to_string)
         },
@@ -548,5 +475,5 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
     let published = dated["published_age_s"].as_f64();
     assert!(published.is_some_and(|a| a >= 0.0), "{dated}");
     // Nothing is lost: the long prompt is answered.
-    assert_eq!(long_request.await.unwrap().unwrap(), 200);
+    assert_eq!(long_request.await.unwrap(), 200);
 }
