@@ -823,13 +823,8 @@ mod tests {
         let (signals, own) = example();
         let prior = ModelPrior::default();
         let view = EndpointView {
-            signals: &signals,
-            inflight: &own,
-            prior: &prior,
-            prefill_tokens_per_second: 10_000.0,
             correction: 1.2,
-            mean_prompt_tokens: 2_000.0,
-            mean_service_s: None,
+            ..example_view(&signals, &own, &prior)
         };
         let p = predict(
             &view,
@@ -1070,15 +1065,7 @@ mod tests {
         // 0.5 and half is expected to remain: 10,500 × 0.5 × 0.5 = 2,625 tokens.
         signals.prefilling_tokens = Some(Observed::new(12_000, t(1.0)));
         let prior = ModelPrior::default();
-        let view = EndpointView {
-            signals: &signals,
-            inflight: &own,
-            prior: &prior,
-            prefill_tokens_per_second: 10_000.0,
-            correction: 1.0,
-            mean_prompt_tokens: 2_000.0,
-            mean_service_s: None,
-        };
+        let view = example_view(&signals, &own, &prior);
         let cfg = PredictConfig::default();
         let p = predict(&view, 8_000, None, t(1.05), &cfg);
         assert!(close(p.others_prefilling_tokens, 2_625.0));
@@ -1109,13 +1096,8 @@ mod tests {
             ..ModelPrior::default()
         };
         let view = EndpointView {
-            signals: &signals,
-            inflight: &own,
-            prior: &prior,
-            prefill_tokens_per_second: 10_000.0,
             correction: 1.2,
-            mean_prompt_tokens: 2_000.0,
-            mean_service_s: None,
+            ..example_view(&signals, &own, &prior)
         };
         let cfg = PredictConfig::default();
         let cached = |c| Some((c, PrefixSource::Approximate));
@@ -1157,13 +1139,9 @@ mod tests {
         ));
         let prior = ModelPrior::default();
         let view = EndpointView {
-            signals: &signals,
-            inflight: &own,
-            prior: &prior,
-            prefill_tokens_per_second: 10_000.0,
             correction: 1.2,
-            mean_prompt_tokens: 2_000.0,
             mean_service_s: Some(20.0),
+            ..example_view(&signals, &own, &prior)
         };
         let p = predict(
             &view,
@@ -1231,15 +1209,7 @@ mod tests {
             t(1.0),
         ));
         let prior = ModelPrior::default();
-        let view = EndpointView {
-            signals: &signals,
-            inflight: &own,
-            prior: &prior,
-            prefill_tokens_per_second: 10_000.0,
-            correction: 1.0,
-            mean_prompt_tokens: 2_000.0,
-            mean_service_s: None,
-        };
+        let view = example_view(&signals, &own, &prior);
         let cfg = PredictConfig::default();
         let p = predict(&view, 8_000, None, t(1.2), &cfg);
         // 256 output tokens × (20 ms + 10 running × 0.1 ms).
@@ -1258,15 +1228,7 @@ mod tests {
     fn stale_signals_drop_out_and_own_inflight_remains() {
         let (signals, own) = example();
         let prior = ModelPrior::default();
-        let view = EndpointView {
-            signals: &signals,
-            inflight: &own,
-            prior: &prior,
-            prefill_tokens_per_second: 10_000.0,
-            correction: 1.0,
-            mean_prompt_tokens: 2_000.0,
-            mean_service_s: None,
-        };
+        let view = example_view(&signals, &own, &prior);
         // 600 ms after the scrape, beyond the 500 ms budget.
         let p = predict(
             &view,
@@ -1299,13 +1261,9 @@ mod tests {
         let own = InFlight::default();
         let prior = ModelPrior::default();
         let view = EndpointView {
-            signals: &signals,
-            inflight: &own,
-            prior: &prior,
-            prefill_tokens_per_second: 10_000.0,
             correction: 100.0,
             mean_prompt_tokens: 0.0,
-            mean_service_s: None,
+            ..example_view(&signals, &own, &prior)
         };
         let p = predict(
             &view,
@@ -1328,13 +1286,8 @@ mod tests {
         let (signals, own) = example();
         let prior = ModelPrior::default();
         let view = EndpointView {
-            signals: &signals,
-            inflight: &own,
-            prior: &prior,
             prefill_tokens_per_second: 8_000.0,
-            correction: 1.0,
-            mean_prompt_tokens: 2_000.0,
-            mean_service_s: None,
+            ..example_view(&signals, &own, &prior)
         };
         let cfg = PredictConfig::default();
         let mut p = predict(
