@@ -30,10 +30,11 @@ pub struct InFlightRequest {
     pub predicted_raw_ttft_s: f64,
     /// The uncorrected wait predicted at dispatch, in seconds (the part the correction scales).
     pub predicted_wait_s: f64,
-    /// Whether this request's TTFT may teach the prefill rate: only when the wait predicted at
-    /// dispatch was prefill-bound and no longer than its own prefill. Otherwise the TTFT is
-    /// dominated by a wait the rate does not explain, and any error in that wait would be read as
-    /// a (wrong) prefill rate.
+    /// Whether this request's TTFT may teach the prefill rate: only when nothing was predicted at
+    /// dispatch to queue ahead of it, the wait was not capacity-bound, and its predicted prefill
+    /// was at least `rate_min_sample_steps` decode steps. Otherwise the TTFT is dominated by a
+    /// wait the rate does not explain, or by the phase of the step it arrived in, and either would
+    /// be read as a (wrong) prefill rate.
     pub teaches_rate: bool,
     /// When its prefill was predicted (at dispatch) to begin: after the predicted wait.
     pub prefill_expected_at: Time,
