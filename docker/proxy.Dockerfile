@@ -16,5 +16,6 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/kinference-proxy /usr/local/bin/kinference-proxy
 USER 2102:2102
-EXPOSE 4140 4191
+# 4140: outbound (loopback), 4191: admin (loopback by default), 4192: read-only metrics.
+EXPOSE 4140 4191 4192
 ENTRYPOINT ["/usr/local/bin/kinference-proxy"]

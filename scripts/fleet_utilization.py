@@ -16,11 +16,11 @@ times, not by the engines, so it has no utilisation here.
 
 Usage (the overload run takes about a minute):
 
-    ./target/release/kinference-fleet --suite full --strategies kinference \\
+    ./target/release/kinference-fleet --suite full --arms kinference \\
         --workloads shared-prefix,mooncake,azure,two-model --loads 5,6,8,10,12,16,24,40,60,80 \\
         --out /tmp/overload
-    python3 scripts/fleet_utilization.py --kinference 'OUT/k-s{seed}' --seeds 1-12 \\
-        --overload /tmp/overload
+    python3 scripts/fleet_utilization.py --kinference 'OUT/s{seed}' --seeds 1-12 \\
+        --overload /tmp/overload [--arm kinference@1]
 """
 import argparse
 import csv
@@ -29,8 +29,8 @@ import statistics
 from fleet_seeds import ORDER, seeds_of
 
 
-def kinference_rows(path):
-    return [r for r in csv.DictReader(open(f"{path}/results.csv")) if r["strategy"] == "kinference"]
+def kinference_rows(path, arm="kinference"):
+    return [r for r in csv.DictReader(open(f"{path}/results.csv")) if r["strategy"] == arm]
 
 
 def main():
@@ -38,13 +38,14 @@ def main():
     ap.add_argument("--kinference", required=True, help="directory pattern with {seed}")
     ap.add_argument("--seeds", required=True, help="e.g. 1-12")
     ap.add_argument("--overload", required=True, help="a results directory past saturation")
+    ap.add_argument("--arm", default="kinference", help="the arm whose error is shown (e.g. kinference@1)")
     a = ap.parse_args()
     seeds = seeds_of(a.seeds)
 
     cells = {}
     capacity = {}
     for s in seeds:
-        for r in kinference_rows(a.kinference.format(seed=s)):
+        for r in kinference_rows(a.kinference.format(seed=s), a.arm):
             key = (r["workload"], float(r["load_rps"]))
             cells.setdefault(key, []).append(r)
             capacity[r["workload"]] = max(capacity.get(r["workload"], 0.0),

@@ -58,7 +58,7 @@ pub struct InferenceClassifierSpec {
 }
 
 /// ClassifierTag is one named tag and the way it is computed. Exactly one of complexity,
-/// keywords, regex, exemplars and external is set.
+/// keywords, regex, exemplars, external and family is set.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClassifierTag {
@@ -87,6 +87,8 @@ struct WrittenTag {
     exemplars: Option<ExemplarsTag>,
     #[serde(default)]
     external: Option<ExternalTag>,
+    #[serde(default)]
+    family: Option<FamilyTag>,
 }
 
 impl<'de> Deserialize<'de> for ClassifierTag {
@@ -108,6 +110,9 @@ impl<'de> Deserialize<'de> for ClassifierTag {
         if let Some(e) = written.external {
             forms.push(TagSource::External(e));
         }
+        if let Some(f) = written.family {
+            forms.push(TagSource::Family(f));
+        }
         if forms.len() != 1 {
             let set = forms.iter().map(|f| f.field_name()).collect::<Vec<_>>();
             let set = if set.is_empty() {
@@ -116,8 +121,8 @@ impl<'de> Deserialize<'de> for ClassifierTag {
                 set.join(" and ")
             };
             return Err(serde::de::Error::custom(format!(
-                "tag {:?} must set exactly one of complexity, keywords, regex, exemplars and \
-                 external (it sets {set})",
+                "tag {:?} must set exactly one of complexity, keywords, regex, exemplars, \
+                 external and family (it sets {set})",
                 written.name
             )));
         }
@@ -149,7 +154,30 @@ pub enum TagSource {
     /// External asks a remote classifier (an HTTP endpoint) for the value, within a time budget,
     /// and takes the declared fallback when it does not answer in time.
     External(ExternalTag),
+
+    /// Family tags the prompt with its family ("chat", "code", "extraction", "long-context-qa",
+    /// "math", "reasoning", "translation", "trivia" or "writing") by Kinference's built-in family
+    /// tagger. A quality guard measures each family apart.
+    Family(FamilyTag),
 }
+
+/// The values a family tag takes.
+pub const FAMILY_VALUES: [&str; 9] = [
+    "chat",
+    "code",
+    "extraction",
+    "long-context-qa",
+    "math",
+    "reasoning",
+    "translation",
+    "trivia",
+    "writing",
+];
+
+/// FamilyTag has no settings: the built-in tagger and its calibrated probabilities.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FamilyTag {}
 
 impl TagSource {
     /// The values a tag computed this way can take.
@@ -159,6 +187,7 @@ impl TagSource {
             Self::Keywords(_) | Self::Regex(_) => MATCH_VALUES.to_vec(),
             Self::Exemplars(e) => e.values.iter().map(|v| v.value.as_str()).collect(),
             Self::External(e) => e.values.iter().map(String::as_str).collect(),
+            Self::Family(_) => FAMILY_VALUES.to_vec(),
         }
     }
 
@@ -170,6 +199,7 @@ impl TagSource {
             Self::Regex(_) => "regex".into(),
             Self::Exemplars(_) => "exemplars".into(),
             Self::External(_) => "external".into(),
+            Self::Family(_) => "family".into(),
         }
     }
 }
@@ -442,14 +472,14 @@ mod tests {
         }));
         assert_eq!(
             two.unwrap_err().to_string(),
-            "tag \"x\" must set exactly one of complexity, keywords, regex, exemplars and \
-             external (it sets complexity and keywords)"
+            "tag \"x\" must set exactly one of complexity, keywords, regex, exemplars, \
+             external and family (it sets complexity and keywords)"
         );
         let none = tag(serde_json::json!({"name": "x"}));
         assert_eq!(
             none.unwrap_err().to_string(),
-            "tag \"x\" must set exactly one of complexity, keywords, regex, exemplars and \
-             external (it sets none)"
+            "tag \"x\" must set exactly one of complexity, keywords, regex, exemplars, \
+             external and family (it sets none)"
         );
     }
 

@@ -8,8 +8,12 @@
 //! (see [`crate::validate`]) and serves it to proxies.
 
 mod balancer;
+mod budget;
 mod model;
+mod quality_guard;
 mod rule;
+mod service_class;
+mod timeouts;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
@@ -17,9 +21,19 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use self::{
-    balancer::{Balancer, BalancerMode, DEFAULT_FRESHNESS_BUDGET, DEFAULT_TIE_WINDOW, FailureMode},
+    balancer::{
+        Balancer, BalancerMode, DEFAULT_FRESHNESS_BUDGET, DEFAULT_TIE_WINDOW, FailureMode,
+        Objective,
+    },
+    budget::{DEFAULT_BUDGET_WINDOW, TenantBudget},
     model::{Model, ModelAlias, ModelPrice, PerformancePrior, PoolReference},
+    quality_guard::{
+        DEFAULT_CAPPED_SHARE, DEFAULT_FAMILY_TAG, DEFAULT_JUDGE_TIMEOUT, DEFAULT_MIN_SAMPLES,
+        DEFAULT_SAMPLE_SHARE, DEFAULT_TOLERANCE, Judge, QualityGuard,
+    },
     rule::{PolicyRule, RuleAction, RuleMatch, ServiceClass, TagMatch, WorkloadMatch},
+    service_class::ServiceClassPolicy,
+    timeouts::Timeouts,
 };
 
 /// The API group of Kinference's resources.
@@ -36,6 +50,10 @@ pub const CONDITION_ACCEPTED: &str = "Accepted";
 
 /// Condition type: every reference (target, pools, classifier) resolves to an existing object.
 pub const CONDITION_RESOLVED_REFS: &str = "ResolvedRefs";
+
+/// Condition type: every rule with a quality guard is within its tolerance (False: a rule is
+/// suspended for some tenant and prompt family; Unknown: still measuring).
+pub const CONDITION_QUALITY_GUARD: &str = "QualityGuard";
 
 /// InferencePolicySpec declares, for the endpoint it targets, the models that may serve a
 /// prompt, the aliases apps may ask for, the ordered rules that choose candidate models, and the
@@ -110,6 +128,22 @@ pub struct InferencePolicySpec {
     /// Balancer configures how the proxy chooses among the endpoints of the candidate models.
     #[serde(default)]
     pub balancer: Balancer,
+
+    /// ServiceClasses declare what each service class (Critical, Standard, Sheddable; rules set
+    /// a request's class, and Standard is the default) is promised: its TTFT objective. A class
+    /// that is not listed has none. Each class appears at most once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_classes: Vec<ServiceClassPolicy>,
+
+    /// Timeouts configures how long the proxy waits for an endpoint's first byte (derived from
+    /// its prediction, within a floor and a cap) and for a stream.
+    #[serde(default)]
+    pub timeouts: Timeouts,
+
+    /// TenantBudgets limit the tokens each tenant (calling workload) may use per window; a
+    /// request that would go over is answered 429 with Retry-After. Each tenant at most once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenant_budgets: Vec<TenantBudget>,
 }
 
 /// PolicyTargetReference identifies the object a policy attaches to, in the policy's namespace.

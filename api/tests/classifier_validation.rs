@@ -335,8 +335,8 @@ spec:
         .to_string();
     assert!(
         err.contains(
-            "tag \"topic\" must set exactly one of complexity, keywords, regex, exemplars and \
-             external (it sets exemplars and external)"
+            "tag \"topic\" must set exactly one of complexity, keywords, regex, exemplars, \
+             external and family (it sets exemplars and external)"
         ),
         "{err}"
     );

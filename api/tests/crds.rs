@@ -133,7 +133,14 @@ fn classifier_crd_is_a_one_of_union() {
         .collect();
     assert_eq!(
         one_of,
-        ["complexity", "keywords", "regex", "exemplars", "external"]
+        [
+            "complexity",
+            "keywords",
+            "regex",
+            "exemplars",
+            "external",
+            "family"
+        ]
     );
     for variant in one_of {
         assert_eq!(tag["properties"][variant]["type"], "object", "{variant}");

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use kinference_api::{
     InferenceClassifier, InferencePolicy, InferencePool,
     classifier::{ComplexityThresholds, TagSource},
-    policy::{ModelAlias, PolicyRule, RuleAction, RuleMatch, TagMatch, WorkloadMatch},
+    policy::{
+        ModelAlias, Objective, PolicyRule, RuleAction, RuleMatch, ServiceClass, ServiceClassPolicy,
+        TagMatch, WorkloadMatch,
+    },
     validate::{ErrorKind, ValidationErrors},
     validate_classifier, validate_policy,
 };
@@ -64,6 +67,7 @@ fn rule(name: &str, action: RuleAction) -> PolicyRule {
         name: name.into(),
         r#match: RuleMatch::default(),
         action,
+        quality_guard: None,
     }
 }
 
@@ -291,7 +295,7 @@ fn duplicate_tags() {
     assert_eq!(
         pairs(&s.classifier_errors()),
         [(
-            "spec.tags[3].name",
+            "spec.tags[4].name",
             "tag \"complexity\" is already declared at spec.tags[0]"
         )]
     );
@@ -332,6 +336,134 @@ fn bad_durations() {
             ),
         ]
     );
+}
+
+fn class(name: ServiceClass, slo: Option<&str>) -> ServiceClassPolicy {
+    ServiceClassPolicy {
+        name,
+        ttft_slo: slo.map(Into::into),
+        max_queue_time: None,
+        reserved_share: None,
+    }
+}
+
+#[test]
+fn max_queue_time_needs_an_slo_and_a_valid_duration() {
+    let mut s = scenario();
+    s.policy.spec.service_classes = vec![
+        ServiceClassPolicy {
+            max_queue_time: Some("5s".into()),
+            ..class(ServiceClass::Sheddable, None)
+        },
+        ServiceClassPolicy {
+            max_queue_time: Some("1.5s".into()),
+            ..class(ServiceClass::Critical, Some("1s"))
+        },
+    ];
+    let errors = s.policy_errors();
+    let fields: Vec<&str> = pairs(&errors).iter().map(|(f, _)| *f).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.serviceClasses[0].maxQueueTime",
+            "spec.serviceClasses[1].maxQueueTime"
+        ],
+        "{errors}"
+    );
+    assert!(pairs(&errors)[0].1.contains("set ttftSLO too"), "{errors}");
+}
+
+#[test]
+fn cheapest_within_slo_without_a_default_slo() {
+    let mut s = scenario();
+    s.policy.spec.balancer.objective = Objective::CheapestWithinSlo;
+    s.policy.spec.service_classes = vec![class(ServiceClass::Critical, Some("500ms"))];
+    assert_eq!(
+        pairs(&s.policy_errors()),
+        [(
+            "spec.balancer.objective",
+            "CheapestWithinSLO needs a ttftSLO for the Standard service class (the class of every \
+             request no rule classes, and of classes without their own) in spec.serviceClasses"
+        )]
+    );
+    // Declared, but without an objective: the same.
+    s.policy.spec.service_classes = vec![class(ServiceClass::Standard, None)];
+    assert_eq!(
+        s.policy_errors().errors()[0].field,
+        "spec.balancer.objective"
+    );
+    // With one, clean.
+    s.policy.spec.service_classes = vec![class(ServiceClass::Standard, Some("2s"))];
+    assert!(validate_policy(&s.policy, std::slice::from_ref(&s.classifier), &s.pools).is_ok());
+}
+
+#[test]
+fn prefer_cheaper_within_with_the_wrong_objective_or_duration() {
+    let mut s = scenario();
+    s.policy.spec.balancer.prefer_cheaper_within = Some("50".into());
+    assert_eq!(
+        pairs(&s.policy_errors()),
+        [(
+            "spec.balancer.preferCheaperWithin",
+            "\"50\" has a number without a unit at \"50\" (units: h, m, s, ms)"
+        )]
+    );
+    s.policy.spec.balancer.prefer_cheaper_within = Some("50ms".into());
+    s.policy.spec.balancer.objective = Objective::CheapestWithinSlo;
+    s.policy.spec.service_classes = vec![class(ServiceClass::Standard, Some("2s"))];
+    assert_eq!(
+        pairs(&s.policy_errors()),
+        [(
+            "spec.balancer.preferCheaperWithin",
+            "applies to objective LowestTTFT only: CheapestWithinSLO already prefers the \
+             cheapest candidate that meets the SLO"
+        )]
+    );
+}
+
+#[test]
+fn bad_service_class_objectives() {
+    let mut s = scenario();
+    s.policy.spec.service_classes = vec![
+        class(ServiceClass::Standard, Some("0s")),
+        class(ServiceClass::Sheddable, Some("2 seconds")),
+        class(ServiceClass::Standard, Some("1s")),
+    ];
+    assert_eq!(
+        pairs(&s.policy_errors()),
+        [
+            (
+                "spec.serviceClasses[2].name",
+                "service class \"Standard\" is already declared at spec.serviceClasses[0]"
+            ),
+            (
+                "spec.serviceClasses[0].ttftSLO",
+                "must be greater than 0s: no request can meet it"
+            ),
+            (
+                "spec.serviceClasses[1].ttftSLO",
+                "\"2 seconds\" has unknown unit \" seconds\" (units: h, m, s, ms)"
+            ),
+        ]
+    );
+}
+
+#[test]
+fn objectives_parse_with_their_documented_names() {
+    let b: kinference_api::policy::Balancer = serde_json::from_value(serde_json::json!({
+        "objective": "CheapestWithinSLO",
+        "preferCheaperWithin": "50ms"
+    }))
+    .unwrap();
+    assert_eq!(b.objective, Objective::CheapestWithinSlo);
+    let c: ServiceClassPolicy =
+        serde_json::from_value(serde_json::json!({"name": "Critical", "ttftSLO": "500ms"}))
+            .unwrap();
+    assert_eq!(c.ttft_slo().unwrap().unwrap().as_millis(), 500);
+    let bad = serde_json::from_value::<kinference_api::policy::Balancer>(
+        serde_json::json!({"objective": "Fastest"}),
+    );
+    assert!(bad.is_err());
 }
 
 #[test]
@@ -496,7 +628,7 @@ fn unknown_classifier_tag_and_value_in_a_rule() {
             (
                 "spec.rules[0].match.tags[1].name",
                 "tag \"language\" is not declared by InferenceClassifier \"llm\" \
-                 (declared: complexity, translation, code)"
+                 (declared: complexity, translation, code, family)"
             ),
         ]
     );
@@ -640,5 +772,78 @@ fn display_lists_every_problem() {
     assert_eq!(
         s.policy_errors().to_string(),
         "spec.balancer.tieWindow: \"5\" has a number without a unit at \"5\" (units: h, m, s, ms)"
+    );
+}
+
+#[test]
+fn quality_guards_are_validated_with_their_field_paths() {
+    let mut s = scenario();
+    let guard: kinference_api::policy::QualityGuard = serde_yaml::from_str(
+        "{sampleShare: 0, tolerance: 1.5, minSamples: 10, window: 5, cappedShare: -0.1, \
+         familyTag: '', judge: {url: 'https://judge/v1', model: '', timeout: 2x}}",
+    )
+    .unwrap();
+    s.policy.spec.rules[0].quality_guard = Some(guard);
+    let f = "spec.rules[0].qualityGuard";
+    assert_eq!(
+        pairs(&s.policy_errors()),
+        [
+            (format!("{f}.sampleShare").as_str(), "0 must be in (0, 1]"),
+            (format!("{f}.tolerance").as_str(), "1.5 must be in [0, 1]"),
+            (
+                format!("{f}.cappedShare").as_str(),
+                "-0.1 must be in [0, 1]"
+            ),
+            (
+                format!("{f}.window").as_str(),
+                "5 must be at least minSamples (10)"
+            ),
+            (
+                format!("{f}.judge.url").as_str(),
+                "\"https://judge/v1\" is not an http:// URL with a host"
+            ),
+            (
+                format!("{f}.judge.model").as_str(),
+                "the judge's model name is required"
+            ),
+            (
+                format!("{f}.judge.timeout").as_str(),
+                s.policy_errors()
+                    .errors()
+                    .iter()
+                    .find(|e| e.field.ends_with("judge.timeout"))
+                    .map(|e| e.message.clone())
+                    .unwrap()
+                    .as_str()
+            ),
+            (
+                format!("{f}.familyTag").as_str(),
+                "an empty tag name: leave familyTag unset for the built-in family tag"
+            ),
+        ]
+    );
+
+    // A guard on a rule that adds no models has nothing to measure.
+    let mut s = scenario();
+    s.policy.spec.rules[0].action = RuleAction {
+        restrict_to: vec!["glm-5.3".into()],
+        ..RuleAction::default()
+    };
+    s.policy.spec.rules[0].quality_guard =
+        Some(serde_yaml::from_str("{judge: {url: 'http://judge:8000/v1', model: j}}").unwrap());
+    let errors = s.policy_errors();
+    assert_eq!(errors.len(), 1, "{errors}");
+    assert!(errors.errors()[0].message.contains("adds no models"));
+
+    // Defaults: a judge is all a guard needs.
+    let mut s = scenario();
+    s.policy.spec.rules[0].quality_guard =
+        Some(serde_yaml::from_str("{judge: {url: 'http://judge:8000/v1', model: j}}").unwrap());
+    validate_policy(&s.policy, std::slice::from_ref(&s.classifier), &s.pools).expect("valid");
+    let g = s.policy.spec.rules[0].quality_guard.as_ref().unwrap();
+    assert_eq!((g.min_samples(), g.window()), (50, 200));
+    assert_eq!(
+        g.judge_timeout().unwrap(),
+        std::time::Duration::from_secs(30)
     );
 }

@@ -3,10 +3,11 @@
 //! fact comes from the Kubernetes API, so the same command runs on a laptop against any
 //! cluster, and a failed check says what to run to fix it. Exits non-zero on any failure.
 //!
-//! With `--local` (or `--controller-addr` / `--proxy-admin`) it checks a running local system
-//! instead, through the controller's discovery API and the proxies' admin listeners ([`local`]).
+//! With `--local` (or `--controller-addr` / `--proxy-admin`) it checks a running system reached
+//! directly instead, a local one by default: through the controller's discovery API and the
+//! proxies' admin listeners, without the Kubernetes API ([`direct`]).
 
-mod local;
+mod direct;
 
 use std::{collections::BTreeMap, fmt, path::PathBuf, time::Duration};
 
@@ -71,8 +72,8 @@ pub struct Args {
 }
 
 impl Args {
-    /// The local system to check, when one was asked for.
-    fn local(&self) -> Option<local::Local> {
+    /// The controller and proxies to check directly, when they were asked for.
+    fn direct(&self) -> Option<direct::Targets> {
         if !self.local && self.controller_addr.is_none() && self.proxy_admin.is_empty() {
             return None;
         }
@@ -81,7 +82,7 @@ impl Args {
         } else {
             self.proxy_admin.clone()
         };
-        Some(local::Local {
+        Some(direct::Targets {
             controller: self
                 .controller_addr
                 .clone()
@@ -129,8 +130,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async {
         let print = |o: &Outcome| println!("{o}");
-        let outcomes = match args.local() {
-            Some(l) => local::checks(&l, print).await,
+        let outcomes = match args.direct() {
+            Some(t) => direct::checks(&t, print).await,
             None => {
                 let client = client(&args).await?;
                 checks(&client, &args.namespace, args.pre, print).await
@@ -555,10 +556,10 @@ mod tests {
         args: Args,
     }
 
-    fn local(argv: &[&str]) -> Option<local::Local> {
+    fn local(argv: &[&str]) -> Option<direct::Targets> {
         let mut all = vec!["check"];
         all.extend_from_slice(argv);
-        Cli::try_parse_from(all).unwrap().args.local()
+        Cli::try_parse_from(all).unwrap().args.direct()
     }
 
     #[test]

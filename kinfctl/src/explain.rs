@@ -7,8 +7,10 @@
 //! a manifest directory (`--manifests`) or the cluster (`--cluster`), and evaluated here with the
 //! proxy's own code; only a proxy knows the endpoints' live signals, so predictions need `--proxy`.
 //!
-//! The dry run itself is `kinference_proxy::admin::explain`, so what this prints is what the
-//! proxy computes, never a re-implementation of it.
+//! The dry run itself is `kinference_decision::explain`, the same call the proxy's
+//! `POST /debug/explain` makes, so what this prints is what the proxy computes, never a
+//! re-implementation of it. The policy read here is converted by the proxy's own discovery edge
+//! (`kinference_proxy_discovery::convert`) and its classifiers compiled by `kinference-classify`.
 
 mod input;
 mod report;
@@ -17,11 +19,10 @@ mod source;
 use std::{io::Read as _, path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
-use kinference_proxy::{
-    admin::explain::explain,
-    openai::{Endpoint, InferenceRequest},
-    policy::{Policy, Workload},
-};
+use kinference_decision::{Input, Workload, explain::explain};
+use kinference_openai::{Endpoint, InferenceRequest};
+use kinference_proxy_discovery::convert;
+use kinference_routing::{ApproxConfig, PromptBlocks};
 
 pub use self::report::{Output, Report};
 
@@ -151,13 +152,26 @@ async fn explain_body(args: &Args, body: &serde_json::Value) -> anyhow::Result<s
         return Ok(v);
     };
 
-    let policy = Policy::from_proto(&declared.proto);
-    let compiled =
-        kinference_proxy::classify::compile(&declared.proto.classifiers, &Default::default());
+    let policy = convert::policy(&declared.proto);
+    let (definition, unavailable) = convert::classifiers(&declared.proto.classifiers);
+    let compiled = kinference_classify::compile(definition, unavailable, &Default::default());
     let request = parse(body)?;
     let workload = Workload::parse(&args.workload, label_pairs(&args.workload_labels));
-    let explanation = compiled.explain(&request).await;
-    let e = explain(&policy, explanation, &request, &workload, None, None);
+    let explanation = request.explain(&compiled.set).await;
+    let tags = explanation.to_tags();
+    let blocks = PromptBlocks::from_text(&request.prefix_text(), &ApproxConfig::default());
+    let input = Input {
+        requested: &request.model,
+        tags: &tags,
+        workload: &workload,
+        prompt_tokens: request.estimated_prompt_tokens(),
+        max_tokens: request.max_tokens,
+        prompt_blocks: &blocks,
+        block_hasher: None,
+        // A dry run shows every endpoint in the order it would be tried.
+        max_attempts: usize::MAX,
+    };
+    let e = explain(&policy, explanation, &input, None, None);
     let mut v = serde_json::to_value(&e)?;
     v["unavailable_tags"] = serde_json::to_value(&compiled.unavailable)?;
     v["source"] = serde_json::json!({

@@ -25,8 +25,10 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Runs render.py into `out`; `false` when its Python packages are missing outside CI.
-fn render_charts(out: &Path) -> bool {
+kinference_test_prereqs::ci_guard!();
+
+/// Runs render.py into `out`.
+fn render_charts(out: &Path) {
     let script = repo_root().join("kinfctl/tests/helm/render.py");
     let result = Command::new("python3")
         .arg(&script)
@@ -34,28 +36,10 @@ fn render_charts(out: &Path) -> bool {
         .arg(out)
         .current_dir(repo_root())
         .output();
-    let missing = match &result {
-        Err(e) => Some(format!("python3 could not be run: {e}")),
-        Ok(o) if o.status.code() == Some(3) => Some(String::from_utf8_lossy(&o.stderr).into()),
-        Ok(_) => None,
-    };
-    if let Some(why) = missing {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set and the Helm render cannot run: {why}"
-        );
-        eprintln!(
-            "SKIPPED: the Helm render needs `pip install helm-python-sdk kubernetes-validate \
-             jsonschema` ({})",
-            why.trim()
-        );
-        return false;
-    }
-    let output = result.expect("checked above");
+    let output = result.expect("python3 runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     eprintln!("{stderr}");
     assert!(output.status.success(), "render.py failed:\n{stderr}");
-    true
 }
 
 fn parse_docs(yaml: &str) -> Vec<Value> {
@@ -186,12 +170,58 @@ fn check_and_redact_tls(objects: &mut [Value], namespace: &str, side: &str) -> u
     bundles
 }
 
-#[test]
-fn install_prints_what_helm_renders() {
-    let out = tempfile::tempdir().expect("tempdir");
-    if !render_charts(out.path()) {
+/// The controller's NetworkPolicy as Helm rendered it: ingress only, gRPC from pods the injector
+/// labels, the webhooks from the API server's CIDRs (anywhere by default), the admin port from
+/// monitoring; none when the values turn it off.
+fn network_policy(case: &str, ns: &str, helm: &[Value]) {
+    let found: Vec<&Value> = helm
+        .iter()
+        .filter(|o| o["kind"] == "NetworkPolicy")
+        .collect();
+    if case == "control-plane-no-network-policy" {
+        assert!(found.is_empty(), "{case}: {found:?}");
         return;
     }
+    assert_eq!(found.len(), 1, "{case}: one NetworkPolicy");
+    let spec = &found[0]["spec"];
+    assert_eq!(
+        spec["podSelector"]["matchLabels"]["kinference.io/control-plane-component"],
+        "policy-controller"
+    );
+    assert_eq!(spec["policyTypes"], serde_json::json!(["Ingress"]));
+    let rules = spec["ingress"].as_array().unwrap();
+    let ports: Vec<&Value> = rules.iter().map(|r| &r["ports"][0]["port"]).collect();
+    assert_eq!(ports, ["grpc", "webhook", "admin"], "{case}");
+    assert_eq!(
+        rules[0]["from"],
+        serde_json::json!([{"namespaceSelector": {},
+                            "podSelector": {"matchLabels": {"kinference.io/control-plane-ns": ns}}}]),
+        "{case}: gRPC from injected pods"
+    );
+    let api_server = &rules[1]["from"];
+    if case == "control-plane-overrides" {
+        assert_eq!(
+            api_server,
+            &serde_json::json!([{"ipBlock": {"cidr": "172.18.0.0/16"}},
+                                {"ipBlock": {"cidr": "fd00:18::/64"}}])
+        );
+    } else {
+        assert!(api_server.is_null(), "{case}: webhooks from anywhere");
+    }
+    assert!(
+        !rules[2]["from"].as_array().unwrap().is_empty(),
+        "{case}: metrics from monitoring only"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(has_helm_sdk),
+    ignore = "needs Helm's Python SDK and openssl (pip install helm-python-sdk kubernetes-validate jsonschema; apt-get install openssl)"
+)]
+fn install_prints_what_helm_renders() {
+    let out = tempfile::tempdir().expect("tempdir");
+    render_charts(out.path());
     let cases: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("cases.json")).unwrap())
             .expect("cases.json");
@@ -201,6 +231,7 @@ fn install_prints_what_helm_renders() {
         "crds-upstream",
         "control-plane-default",
         "control-plane-overrides",
+        "control-plane-no-network-policy",
     ] {
         assert!(
             names.contains(&want),
@@ -227,6 +258,9 @@ fn install_prints_what_helm_renders() {
             assert_eq!(check_and_redact_tls(&mut ours, ns, "kinfctl"), 2, "{name}");
         }
 
+        if case["chart"] == "kinference" {
+            network_policy(name, case["namespace"].as_str().unwrap(), &helm);
+        }
         let helm: BTreeMap<String, Value> = helm.into_iter().map(|o| (key(&o), o)).collect();
         let ours: BTreeMap<String, Value> = ours.into_iter().map(|o| (key(&o), o)).collect();
         assert_eq!(

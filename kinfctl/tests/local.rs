@@ -1,7 +1,7 @@
 //! `kinfctl explain` and `kinfctl check` against a running local system: the policy controller on a
 //! copy of `examples/`, two glm-5.3 and two qwen-3.6-27b `vllm-sim` replicas and the proxy, each a
 //! real process started from the binaries the workspace's test build puts in the target directory
-//! (with `kinference_proxy::local`, as the proxy's end-to-end tests start them), and the real
+//! (with `kinference_local`, as the proxy's end-to-end tests start them), and the real
 //! `kinfctl` binary run against them.
 //!
 //! The policy's freshness budget is raised to 5 s, so that "signals fresh" does not depend on
@@ -10,51 +10,29 @@
 //! calibration is this week: the test is about what explain and check report, not about the
 //! model.
 //!
-//! Without the binaries (this package's tests run alone) the tests say so and skip, except
-//! under CI, where they fail.
+//! Without the binaries (this package's tests run alone) the harness builds them first
+//! (`kinference_local::workspace_binary`), so the tests never skip.
 
+use kinference_local::poll::Deadline;
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
     path::Path,
     process::{Command, Output},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use kinference_proxy::local::{
-    Stack, spawn_controller, spawn_proxy, spawn_sim, target_dir, workspace_root, write_manifests,
+use kinference_local::{
+    Programs, Stack,
+    manifests::write_manifests,
+    stack::{spawn_controller, spawn_proxy, spawn_sim},
+    workspace_root,
 };
 use serde_json::Value;
-
-const BINARIES: [&str; 3] = [
-    "kinference-proxy",
-    "kinference-policy-controller",
-    "vllm-sim",
-];
 
 const HIGH: &str = "Design a distributed consensus protocol tolerant to Byzantine faults for a \
      geo-replicated database; derive its message complexity, prove safety and liveness under \
      partial synchrony, and compare it with PBFT and HotStuff in latency and throughput.";
-
-/// Whether the binaries are there; outside CI their absence skips the test.
-fn binaries_present() -> bool {
-    let missing: Vec<_> = BINARIES
-        .iter()
-        .map(|b| target_dir().join(b))
-        .filter(|p| !p.exists())
-        .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI is set and {missing:?} are missing (the workspace test build makes them)"
-    );
-    eprintln!(
-        "SKIPPED: {missing:?} missing; run the workspace's tests (cargo nextest run --workspace) to build them"
-    );
-    false
-}
 
 /// Pins the complexity thresholds of the copied classifier.
 fn pin_thresholds(dir: &Path) {
@@ -81,10 +59,13 @@ fn generous_freshness(doc: &mut serde_yaml::Value) {
 
 /// Simulators, the controller on the rewritten examples, the proxy; everything stops on drop.
 fn start() -> Stack {
+    let programs = Programs::workspace();
     let mut sims = Vec::new();
     for model in ["glm-5.3", "qwen-3.6-27b"] {
         for _ in 0..2 {
-            sims.push(spawn_sim(model, 1.0, &[], true).expect("vllm-sim starts"));
+            sims.push(
+                spawn_sim(&programs.vllm_sim, model, 1.0, &[], true).expect("vllm-sim starts"),
+            );
         }
     }
     let mut ports: BTreeMap<String, Vec<u16>> = BTreeMap::new();
@@ -103,24 +84,18 @@ fn start() -> Stack {
     )
     .unwrap();
     pin_thresholds(manifests.path());
-    let controller = spawn_controller(
-        manifests.path(),
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        true,
-    )
-    .expect("the controller starts");
-    let proxy = spawn_proxy(
-        &target_dir().join("kinference-proxy"),
-        controller.grpc,
-        &[],
-        true,
-    )
-    .expect("the proxy starts");
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let controller = spawn_controller(&programs.controller, manifests.path(), any, any, true)
+        .expect("the controller starts");
+    let proxy = spawn_proxy(&programs.proxy, controller.grpc, &[], true).expect("the proxy starts");
     let stack = Stack {
+        programs,
         proxy,
         controller,
         sims,
         manifests,
+        log_dir: None,
+        quiet: true,
     };
     wait_until("the proxy is ready with every endpoint's signals", || {
         let eps = get_json(&format!("{}/debug/endpoints", admin(&stack)))?;
@@ -173,12 +148,12 @@ fn get_ok(url: &str) -> bool {
 
 /// Polls `f` every 100 ms until it returns `Some`, panicking after a minute.
 fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Deadline::after(Duration::from_secs(60));
     loop {
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        assert!(!deadline.passed(), "timed out waiting for: {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -227,9 +202,6 @@ fn sims_of(stack: &Stack, model: &str) -> Vec<String> {
 
 #[test]
 fn explain_shows_tags_candidates_predictions_and_a_choice_from_the_fleet() {
-    if !binaries_present() {
-        return;
-    }
     let stack = start();
     let admin = admin(&stack);
     let fleet: Vec<String> = stack.sims.iter().map(|s| s.addr.to_string()).collect();
@@ -416,9 +388,6 @@ fn failed(c: &Checked) -> Vec<&str> {
 
 #[test]
 fn check_passes_on_a_running_system_and_fails_when_a_part_stops() {
-    if !binaries_present() {
-        return;
-    }
     let mut stack = start();
     let admin = admin(&stack);
     let grpc = format!("http://{}", stack.controller.grpc);
@@ -431,7 +400,7 @@ fn check_passes_on_a_running_system_and_fails_when_a_part_stops() {
         .filter(|l| l.starts_with('√'))
         .map(String::as_str)
         .collect();
-    assert_eq!(passed.len(), 5, "{:#?}", c.lines);
+    assert_eq!(passed.len(), 6, "{:#?}", c.lines);
     assert!(passed[0].starts_with(&format!(
         "√ the controller at {grpc} serves InferencePolicy default/llm for llm.default.svc.cluster.local:8000 (revision "
     )), "{passed:#?}");
@@ -442,6 +411,12 @@ fn check_passes_on_a_running_system_and_fails_when_a_part_stops() {
     )));
     assert_eq!(
         passed[4],
+        format!(
+            "√ the proxy at {admin} serves the controller's current policy (0 policy messages refused)"
+        )
+    );
+    assert_eq!(
+        passed[5],
         format!(
             "√ the signals of all 4 endpoints of the proxy at {admin} are fresh (within 5.00s)"
         ),

@@ -1,41 +1,32 @@
-//! `kinfctl viz stat|top|tap` against a running local system: `kinference-viz local` (which runs
-//! kinference-local, a real Prometheus and viz) as a child process, real requests through the
-//! proxy, and the CLI's printed tables compared with the requests the test got answered.
+//! `kinfctl viz stat|top|tap` against a running local system: `kinference-local` (the stack, a real
+//! Prometheus and viz) as a child process, real requests through the proxy, and the CLI's printed
+//! tables compared with the requests the test got answered.
 //!
-//! Without Prometheus the test prints a skip notice, and fails when `CI` is set.
+//! Without Prometheus (found when the test is built, see kinference-test-prereqs) the test is
+//! ignored, which nextest counts as skipped, and the guard test fails when `CI` is set.
 
+use kinference_local::banner::Banner;
+use kinference_local::poll::Deadline;
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader},
-    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::mpsc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn target_debug() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target"))
-        .join("debug")
-}
-
-/// kinference-viz local, stopped with SIGINT (so it stops kinference-local's children) on drop.
-struct VizLocal {
+/// kinference-local, stopped with SIGTERM (so it stops its children) on drop.
+struct Local {
     child: Child,
 }
 
-impl Drop for VizLocal {
+impl Drop for Local {
     fn drop(&mut self) {
         let _ = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
+            .args(["-TERM", &self.child.id().to_string()])
             .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
+        let deadline = Deadline::after(Duration::from_secs(10));
+        while !deadline.passed() {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return;
             }
@@ -44,12 +35,6 @@ impl Drop for VizLocal {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn field<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|f| f.strip_prefix(key))
-        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
 }
 
 fn kinfctl(args: &[&str]) -> String {
@@ -84,74 +69,46 @@ fn parse_table(text: &str) -> Vec<BTreeMap<String, String>> {
         .collect()
 }
 
-#[test]
-fn stat_top_and_tap_show_the_local_systems_traffic() {
-    if !Path::new("/usr/bin/prometheus").exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set and /usr/bin/prometheus is missing: apt-get install -y prometheus"
-        );
-        eprintln!("SKIPPED: /usr/bin/prometheus is missing (apt-get install -y prometheus)");
-        return;
-    }
-    // The workspace's test build makes kinference-viz, kinference-local, the controller and the
-    // simulator (their packages have integration tests); build only when run alone. A `cargo build`
-    // of one package resolves features apart from the workspace build and would rebuild much of
-    // the dependency graph, so the children are told not to build either.
-    let viz_bin = target_debug().join("kinference-viz");
-    if !viz_bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(&cargo)
-            .current_dir(workspace())
-            .args(["build", "-p", "kinference-viz", "--bin", "kinference-viz"])
-            .status()
-            .expect("cargo build");
-        assert!(status.success() && viz_bin.exists());
-    }
-    let local_no_build = [
-        "kinference-local",
-        "kinference-proxy",
-        "kinference-policy-controller",
-        "vllm-sim",
-    ]
-    .iter()
-    .all(|b| target_debug().join(b).exists());
+kinference_test_prereqs::ci_guard!();
 
-    let mut child = Command::new(&viz_bin);
-    if local_no_build {
-        child.env("KINFERENCE_LOCAL_NO_BUILD", "1");
-    }
-    let mut child = child
-        .args(["local", "--listen-addr", "127.0.0.1:0"])
+#[test]
+#[cfg_attr(
+    not(has_prometheus),
+    ignore = "needs Prometheus at /usr/bin/prometheus (apt-get install prometheus)"
+)]
+fn stat_top_and_tap_show_the_local_systems_traffic() {
+    // The workspace's test build makes kinference-local (its package has integration tests); it is
+    // built here only when this package's tests run alone.
+    let bin = kinference_local::workspace_binary("kinference-local", "kinference-local")
+        .expect("kinference-local builds");
+    let mut child = Command::new(&bin)
+        .args(["--any-ports"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("kinference-viz local starts");
+        .expect("kinference-local starts");
     let stdout = child.stdout.take().unwrap();
-    let _viz = VizLocal { child };
+    let _local = Local { child };
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             let _ = tx.send(line);
         }
     });
-    // kinference-local builds its binaries first (a no-op when they are current).
-    let deadline = Instant::now() + Duration::from_secs(300);
+    let deadline = Deadline::after(Duration::from_secs(120));
     let banner = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.left();
         let line = rx
             .recv_timeout(left)
-            .expect("kinference-viz local prints its URLs");
-        if line.starts_with("kinference-viz dashboard=") {
-            break line;
+            .expect("kinference-local prints its addresses");
+        if line.starts_with(Banner::PREFIX) {
+            break Banner::parse(&line).unwrap();
         }
     };
-    let viz = field(&banner, "dashboard=")
-        .trim_end_matches('/')
-        .to_string();
-    let openai = field(&banner, "openai=").to_string();
-    let admin = field(&banner, "admin=").to_string();
+    let viz = format!("http://{}", banner.dashboard.expect("a dashboard"));
+    let openai = format!("http://{}/v1", banner.proxy_listen);
+    let admin = format!("http://{}", banner.proxy_admin);
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -193,7 +150,7 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
         }
     };
     rt.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let deadline = Deadline::after(Duration::from_secs(15));
         loop {
             let ok = client
                 .get(format!("{admin}/ready"))
@@ -203,7 +160,7 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
             if ok {
                 break;
             }
-            assert!(Instant::now() < deadline, "the proxy never became ready");
+            assert!(!deadline.passed(), "the proxy never became ready");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
@@ -227,12 +184,9 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
             .map(|r| r["REQUESTS"].parse::<u64>().unwrap_or(0))
             .sum()
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Deadline::after(Duration::from_secs(20));
     while total(&stat_rows()) != 6 {
-        assert!(
-            Instant::now() < deadline,
-            "stat never showed the first 6 requests"
-        );
+        assert!(!deadline.passed(), "stat never showed the first 6 requests");
         std::thread::sleep(Duration::from_millis(300));
     }
     let (_, more) = rt.block_on(send(6));
@@ -261,7 +215,7 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
 
     // stat: once Prometheus has scraped (1 s), REQUESTS per served model equals what was
     // answered, and every row has its windowed figures.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Deadline::after(Duration::from_secs(20));
     let rows = loop {
         let rows = stat_rows();
         let got: BTreeMap<String, u64> = rows
@@ -282,10 +236,7 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
         {
             break rows;
         }
-        assert!(
-            Instant::now() < deadline,
-            "stat shows {rows:?}, answered {want:?}"
-        );
+        assert!(!deadline.passed(), "stat shows {rows:?}, answered {want:?}");
         std::thread::sleep(Duration::from_millis(300));
     };
     for r in &rows {
@@ -302,7 +253,7 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
             .map(|v| v.parse::<f64>().ok())
             .unwrap_or_else(|| cell.strip_suffix('s')?.parse::<f64>().ok().map(|v| v * 1e3))
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Deadline::after(Duration::from_secs(20));
     let by_endpoint = loop {
         let rows = parse_table(&kinfctl(&[
             "viz",
@@ -331,7 +282,7 @@ fn stat_top_and_tap_show_the_local_systems_traffic() {
             break rows;
         }
         assert!(
-            Instant::now() < deadline,
+            !deadline.passed(),
             "stat --by endpoint lacks the prediction columns of {endpoints:?}: {rows:?}"
         );
         std::thread::sleep(Duration::from_millis(300));

@@ -1,4 +1,5 @@
-//! The admin server: `/live`, `/ready` and `/metrics`.
+//! The admin server: `/live`, `/ready`, `/metrics`, and `/debug/guards` (the proxies' latest
+//! quality-guard reports and each policy's merged condition, in every mode).
 //!
 //! Kept apart from the gRPC port so probes and scrapes never compete with proxies'
 //! streams, as in Linkerd's controllers.
@@ -9,12 +10,18 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use kinference_policy_core::guard::{GuardEntry, GuardReports};
 use kinference_policy_k8s_index::SharedIndex;
-use std::convert::Infallible;
+use std::{convert::Infallible, sync::Arc};
 use tokio::net::TcpListener;
 
 /// Serves until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Metrics, index: SharedIndex) {
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Metrics,
+    index: SharedIndex,
+    guards: Arc<GuardReports>,
+) {
     loop {
         let (io, _) = match listener.accept().await {
             Ok(conn) => conn,
@@ -25,11 +32,13 @@ pub async fn serve(listener: TcpListener, metrics: Metrics, index: SharedIndex) 
         };
         let metrics = metrics.clone();
         let index = index.clone();
+        let guards = guards.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let metrics = metrics.clone();
                 let index = index.clone();
-                async move { Ok::<_, Infallible>(handle(&req, &metrics, &index)) }
+                let guards = guards.clone();
+                async move { Ok::<_, Infallible>(handle(&req, &metrics, &index, &guards)) }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             if let Err(error) = builder.serve_connection(TokioIo::new(io), svc).await {
@@ -52,6 +61,7 @@ fn handle(
     req: &Request<Incoming>,
     metrics: &Metrics,
     index: &SharedIndex,
+    guards: &GuardReports,
 ) -> Response<Full<Bytes>> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -83,6 +93,43 @@ fn handle(
                 ),
             }
         }
+        "/debug/guards" => text(
+            StatusCode::OK,
+            guards_view(guards).to_string(),
+            "application/json",
+        ),
         _ => text(StatusCode::NOT_FOUND, "not found\n", PLAIN),
     }
+}
+
+/// Per policy: its merged `QualityGuard` condition and each proxy's latest report.
+fn guards_view(guards: &GuardReports) -> serde_json::Value {
+    let entry = |e: &GuardEntry| {
+        serde_json::json!({
+            "tenant": e.tenant, "rule": e.rule, "family": e.family, "state": e.state.as_str(),
+            "samples": e.samples, "min_samples": e.min_samples, "gap": e.gap,
+            "tolerance": e.tolerance,
+        })
+    };
+    let policies: Vec<serde_json::Value> = guards
+        .snapshot()
+        .into_iter()
+        .map(|((namespace, name), reports)| {
+            let key = (namespace.clone(), name.clone());
+            let condition = guards.condition(&key).map(|c| {
+                serde_json::json!({"status": c.status, "reason": c.reason, "message": c.message})
+            });
+            serde_json::json!({
+                "namespace": namespace,
+                "name": name,
+                "condition": condition,
+                "merged": guards.merged(&key).iter().map(entry).collect::<Vec<_>>(),
+                "reports": reports.iter().map(|(reporter, revision, entries)| serde_json::json!({
+                    "reporter": reporter, "revision": revision,
+                    "guards": entries.iter().map(entry).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::json!({ "policies": policies })
 }

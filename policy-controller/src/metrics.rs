@@ -1,7 +1,9 @@
 //! The controller's Prometheus metrics.
 //!
 //! Index sizes say what the controller knows; watch events and update latency say how
-//! quickly it learns; stream counts (from the gRPC crate) say who is listening.
+//! quickly it learns; stream counts (from the gRPC crate) say who is listening; rejected
+//! resources and the parents served a last good policy say what bad configuration it is
+//! riding out (docs/reliability.md, "Bad configuration").
 
 use kinference_policy_grpc::GrpcMetrics;
 use kinference_policy_k8s_index::{IndexSizes, ResourceKind};
@@ -26,6 +28,14 @@ pub struct EventLabels {
     pub op: &'static str,
 }
 
+/// A rejected resource version: the resource's kind, and why (see
+/// `kinference_policy_core::inference::Rejection::reason`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    pub kind: &'static str,
+    pub reason: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TargetLabels {
     pub api: &'static str,
@@ -38,6 +48,8 @@ pub struct Metrics {
     resources: Family<KindLabels, Gauge>,
     targets: Family<TargetLabels, Gauge>,
     invalid_policies: Gauge,
+    last_good_parents: Gauge,
+    rejected: Family<RejectionLabels, Counter>,
     events: Family<EventLabels, Counter>,
     manifest_errors: Counter,
     update_seconds: Histogram,
@@ -66,6 +78,18 @@ impl Metrics {
             "InferencePolicies selected for a target but not served because they are invalid",
             invalid_policies.clone(),
         );
+        let last_good_parents = Gauge::default();
+        registry.register(
+            "index_last_good_parents",
+            "Watched parents served a last good policy because a newer version of it, or of a resource it depends on, was rejected",
+            last_good_parents.clone(),
+        );
+        let rejected = Family::<RejectionLabels, Counter>::default();
+        registry.register(
+            "rejected_resources",
+            "Resource versions rejected (invalid, or unreadable by the source), by kind and reason; each version once",
+            rejected.clone(),
+        );
         let events = Family::<EventLabels, Counter>::default();
         registry.register(
             "watch_events",
@@ -92,6 +116,8 @@ impl Metrics {
             resources,
             targets,
             invalid_policies,
+            last_good_parents,
+            rejected,
             events,
             manifest_errors,
             update_seconds,
@@ -118,6 +144,19 @@ impl Metrics {
         }
         self.invalid_policies
             .set(i64::try_from(sizes.invalid_policies).unwrap_or(i64::MAX));
+        self.last_good_parents
+            .set(i64::try_from(sizes.last_good_parents).unwrap_or(i64::MAX));
+        // The index counts; the counters follow its totals, which never go down.
+        for ((kind, reason), total) in &sizes.rejections {
+            let counter = self.rejected.get_or_create(&RejectionLabels {
+                kind: kind.as_str(),
+                reason: reason.clone(),
+            });
+            let seen = counter.get();
+            if *total > seen {
+                counter.inc_by(total - seen);
+            }
+        }
     }
 
     pub fn event(&self, kind: ResourceKind, op: &'static str) {

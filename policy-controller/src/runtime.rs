@@ -4,12 +4,19 @@
 //! from a directory (running without a cluster); without it the controller runs in a
 //! cluster, watching the API server, electing a status writer through a Lease, and
 //! serving the admission webhooks over TLS.
+//!
+//! With an identity issuer (`--identity-issuer-cert`, `--identity-issuer-key`,
+//! `--identity-trust-anchors`, Kubernetes mode only; the chart always sets them) the gRPC
+//! discovery APIs are served over mutual TLS only, for the verified caller, and the issuer
+//! (`Identity.Certify`) listens on `--identity-addr`. Without one (local mode) gRPC is plaintext
+//! and unauthenticated, and the controller says so on stdout (`tls=off`) and in its log.
 
-use crate::{admin, local::LocalSource, metrics::Metrics};
+use crate::{admin, manifests::ManifestSource, metrics::Metrics};
 use anyhow::{Context as _, bail};
 use clap::Parser;
+use kinference_policy_core::guard::GuardReports;
 use kinference_policy_k8s_index::{Index, SharedIndex};
-use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{future::Future, net::SocketAddr, path::PathBuf, pin::Pin, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
 
 #[derive(Clone, Debug, Parser)]
@@ -67,6 +74,42 @@ pub struct Args {
     /// How long the manifest directory must be quiet before it is re-read.
     #[arg(long, default_value_t = 50)]
     pub debounce_ms: u64,
+
+    /// The identity issuer's PEM certificate: with its key and the trust anchors, gRPC is served
+    /// over mutual TLS and the issuer signs proxies' certificates (Kubernetes mode).
+    #[arg(long, requires_all = ["identity_issuer_key", "identity_trust_anchors"])]
+    pub identity_issuer_cert: Option<PathBuf>,
+
+    /// The identity issuer's PEM private key (PKCS#8, or PKCS#1 RSA).
+    #[arg(long, requires = "identity_issuer_cert")]
+    pub identity_issuer_key: Option<PathBuf>,
+
+    /// The PEM trust anchors proxies and the controller verify each other with.
+    #[arg(long, requires = "identity_issuer_cert")]
+    pub identity_trust_anchors: Option<PathBuf>,
+
+    /// Where the identity issuer (`io.linkerd.proxy.identity.Identity`) listens over TLS; port 0
+    /// picks a free port.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub identity_addr: SocketAddr,
+
+    /// The SPIFFE trust domain of workload identities.
+    #[arg(long, default_value = "cluster.local")]
+    pub identity_trust_domain: String,
+
+    /// How long issued certificates (proxies' and the controller's own) are valid: `90s`, `1h`,
+    /// `24h`. Each is refreshed at 70% of its lifetime.
+    #[arg(long, default_value = "24h", value_parser = kinference_policy_admission::inject::annotations::parse_duration)]
+    pub identity_cert_lifetime: Duration,
+
+    /// A DNS name (or IP address) of the controller's serving certificate, repeatable; by default
+    /// its Service's names, `<service>.<POD_NAMESPACE>.svc[.<cluster domain>]`.
+    #[arg(long = "identity-server-name")]
+    pub identity_server_names: Vec<String>,
+
+    /// The controller's Service, whose names its serving certificate carries by default.
+    #[arg(long, default_value = "kinference-policy-controller")]
+    pub service_name: String,
 
     /// Log format. The filter is `RUST_LOG` (default `info`).
     #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
@@ -129,6 +172,63 @@ struct KubeArgs {
     admission: Option<(SocketAddr, PathBuf, PathBuf)>,
 }
 
+/// The control plane's identity: the issuer, and the serving credentials it keeps current.
+struct Identity {
+    issuer: Arc<kinference_identity::issuer::Issuer>,
+    credentials: Arc<kinference_identity::Credentials>,
+    renew: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl Identity {
+    /// Loads the issuer and issues the serving certificate; `None` without issuer flags.
+    async fn load(args: &Args, namespace: &str) -> anyhow::Result<Option<Self>> {
+        let (Some(cert), Some(key), Some(anchors)) = (
+            &args.identity_issuer_cert,
+            &args.identity_issuer_key,
+            &args.identity_trust_anchors,
+        ) else {
+            return Ok(None);
+        };
+        let read =
+            |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+        let issuer = kinference_identity::issuer::Issuer::from_pem(
+            &read(cert)?,
+            &read(key)?,
+            &read(anchors)?,
+            &args.identity_trust_domain,
+        )
+        .context("loading the identity issuer")?;
+        let issuer = Arc::new(issuer);
+        let names = if args.identity_server_names.is_empty() {
+            let svc = format!("{}.{namespace}.svc", args.service_name);
+            vec![svc.clone(), format!("{svc}.{}", args.cluster_domain)]
+        } else {
+            args.identity_server_names.clone()
+        };
+        let credentials = kinference_identity::Credentials::new();
+        let renew = kinference_identity::service::serve_certificate(
+            issuer.clone(),
+            names,
+            None,
+            args.identity_cert_lifetime,
+            credentials.clone(),
+        )
+        .await
+        .context("issuing the controller's serving certificate")?;
+        Ok(Some(Self {
+            issuer,
+            credentials,
+            renew: Box::pin(renew),
+        }))
+    }
+}
+
+/// The gRPC server, plaintext or mutual TLS.
+type GrpcServe = Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+
+/// Says, on stdout's line and in the log, that gRPC is plaintext.
+const PLAINTEXT: &str = "gRPC is plaintext and unauthenticated: any process that reaches it reads every target's policy and names its own source_workload (local mode; in a cluster, give the controller an identity issuer, as the chart does)";
+
 impl KubeArgs {
     fn from(args: &Args) -> anyhow::Result<Self> {
         let pod_name = args
@@ -172,11 +272,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let _ = shutdown_tx.send(true);
     });
 
+    // The proxies' quality-guard reports: the gRPC server fills it, admin and status read it.
+    let guards = Arc::new(GuardReports::default());
     match args.manifests.clone() {
-        Some(dir) => run_local(args, dir, metrics, index, shutdown).await,
+        Some(dir) => run_manifests(args, dir, metrics, index, guards, shutdown).await,
         None => {
             let kube_args = KubeArgs::from(&args)?;
-            run_kubernetes(args, kube_args, metrics, index, shutdown).await
+            run_kubernetes(args, kube_args, metrics, index, guards, shutdown).await
         }
     }
 }
@@ -186,6 +288,7 @@ async fn bind_servers(
     args: &Args,
     metrics: &Metrics,
     index: &SharedIndex,
+    guards: &Arc<GuardReports>,
 ) -> anyhow::Result<(TcpListener, SocketAddr, SocketAddr)> {
     let grpc = TcpListener::bind(args.grpc_addr)
         .await
@@ -195,37 +298,50 @@ async fn bind_servers(
         .with_context(|| format!("binding admin to {}", args.admin_addr))?;
     let grpc_addr = grpc.local_addr()?;
     let admin_addr = admin.local_addr()?;
-    tokio::spawn(admin::serve(admin, metrics.clone(), index.clone()));
+    tokio::spawn(admin::serve(
+        admin,
+        metrics.clone(),
+        index.clone(),
+        guards.clone(),
+    ));
     Ok((grpc, grpc_addr, admin_addr))
 }
 
-fn grpc_config(args: &Args) -> kinference_policy_grpc::Config {
+fn grpc_config(args: &Args, guards: &Arc<GuardReports>) -> kinference_policy_grpc::Config {
     kinference_policy_grpc::Config {
         cluster_domain: args.cluster_domain.clone(),
+        guards: guards.clone(),
     }
 }
 
-async fn run_local(
+async fn run_manifests(
     args: Args,
     dir: PathBuf,
     metrics: Metrics,
     index: SharedIndex,
+    guards: Arc<GuardReports>,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    let mut source = LocalSource::new(dir.clone(), index.clone(), metrics.clone());
+    if args.identity_issuer_cert.is_some() {
+        bail!(
+            "an identity issuer needs Kubernetes mode: proxies' tokens are reviewed by the API server"
+        );
+    }
+    let mut source = ManifestSource::new(dir.clone(), index.clone(), metrics.clone());
     source.reload().context("reading the manifest directory")?;
 
-    let (grpc, grpc_addr, admin_addr) = bind_servers(&args, &metrics, &index).await?;
+    let (grpc, grpc_addr, admin_addr) = bind_servers(&args, &metrics, &index, &guards).await?;
     // The index holds the manifests and the gRPC port accepts: proxies may be served.
     metrics.set_ready();
     // A line tests and scripts read to find the ports.
-    println!("kinference-policy-controller grpc={grpc_addr} admin={admin_addr}");
+    println!("kinference-policy-controller grpc={grpc_addr} admin={admin_addr} tls=off");
     tracing::info!(%grpc_addr, %admin_addr, manifests = %dir.display(), "serving");
+    tracing::warn!(%grpc_addr, "{PLAINTEXT}");
 
     let debounce = Duration::from_millis(args.debounce_ms);
     let watch = tokio::spawn(source.watch(debounce));
     tokio::select! {
-        res = kinference_policy_grpc::serve_with(grpc, index, metrics.grpc.clone(), grpc_config(&args), shutdown.signal()) => {
+        res = kinference_policy_grpc::serve_with(grpc, index, metrics.grpc.clone(), grpc_config(&args, &guards), shutdown.signal()) => {
             res.context("gRPC server")?;
         }
         res = watch => {
@@ -240,6 +356,7 @@ async fn run_kubernetes(
     kube_args: KubeArgs,
     metrics: Metrics,
     index: SharedIndex,
+    guards: Arc<GuardReports>,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
@@ -284,10 +401,79 @@ async fn run_kubernetes(
         bail!("--proxy-config needs --admission-addr: the injector is a webhook");
     }
 
-    let (grpc, grpc_addr, admin_addr) = bind_servers(&args, &metrics, &index).await?;
+    let identity = Identity::load(&args, &kube_args.pod_namespace).await?;
+    let identity_listener = match &identity {
+        Some(_) => Some(
+            TcpListener::bind(args.identity_addr)
+                .await
+                .with_context(|| {
+                    format!("binding the identity issuer to {}", args.identity_addr)
+                })?,
+        ),
+        None => None,
+    };
+
+    let (grpc, grpc_addr, admin_addr) = bind_servers(&args, &metrics, &index, &guards).await?;
     let admission_addr = match &webhook {
         Some((listener, _)) => Some(listener.local_addr()?),
         None => None,
+    };
+
+    let identity_addr = match &identity_listener {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
+    };
+    let (serve, tls): (GrpcServe, &str) = match identity {
+        Some(identity) => {
+            let roots = kinference_identity::tls::roots(identity.issuer.anchors())
+                .context("the identity trust anchors")?;
+            let grpc_tls =
+                kinference_identity::tls::mutual_server_config(roots, identity.credentials.clone())
+                    .context("the gRPC server's TLS configuration")?;
+            let issuer_tls = kinference_identity::tls::server_config(identity.credentials.clone())
+                .context("the identity issuer's TLS configuration")?;
+            let service = kinference_identity::service::IdentityService::new(
+                identity.issuer.clone(),
+                kinference_identity::review::TokenReviewer::new(
+                    client.clone(),
+                    kinference_identity::TOKEN_AUDIENCE,
+                ),
+                args.identity_cert_lifetime,
+                metrics.grpc.identity.clone(),
+            );
+            tokio::spawn(identity.renew);
+            if let Some(listener) = identity_listener {
+                let shutdown = shutdown.signal();
+                tokio::spawn(async move {
+                    if let Err(error) =
+                        kinference_identity::service::serve(listener, issuer_tls, service, shutdown)
+                            .await
+                    {
+                        tracing::error!(%error, "the identity issuer stopped");
+                    }
+                });
+            }
+            let serve = kinference_policy_grpc::serve_tls(
+                grpc,
+                grpc_tls,
+                index.clone(),
+                metrics.grpc.clone(),
+                grpc_config(&args, &guards),
+                shutdown.signal(),
+            );
+            (Box::pin(serve) as GrpcServe, "mtls")
+        }
+        None => {
+            tracing::warn!(%grpc_addr, "{PLAINTEXT}");
+            let serve = kinference_policy_grpc::serve_with(
+                grpc,
+                index.clone(),
+                metrics.grpc.clone(),
+                grpc_config(&args, &guards),
+                shutdown.signal(),
+            );
+            (Box::pin(serve) as GrpcServe, "off")
+        }
     };
 
     let lease = kinference_policy_k8s_watch::LeaseConfig::new(
@@ -299,7 +485,10 @@ async fn run_kubernetes(
     let source = tokio::spawn(kinference_policy_k8s_watch::run_with_sync(
         client,
         index.clone(),
-        kinference_policy_k8s_watch::Config::new(lease),
+        kinference_policy_k8s_watch::Config {
+            guards: guards.clone(),
+            ..kinference_policy_k8s_watch::Config::new(lease)
+        },
         synced_tx,
     ));
     let webhook = tokio::spawn({
@@ -321,11 +510,12 @@ async fn run_kubernetes(
     });
 
     let admission = admission_addr.map_or_else(|| "none".to_string(), |a| a.to_string());
+    let identity = identity_addr.map_or_else(|| "none".to_string(), |a| a.to_string());
     // A line tests and scripts read to find the ports.
     println!(
-        "kinference-policy-controller grpc={grpc_addr} admin={admin_addr} admission={admission}"
+        "kinference-policy-controller grpc={grpc_addr} admin={admin_addr} admission={admission} identity={identity} tls={tls}"
     );
-    tracing::info!(%grpc_addr, %admin_addr, %admission, pod = %kube_args.pod_name, namespace = %kube_args.pod_namespace, lease = %args.lease_name, "serving");
+    tracing::info!(%grpc_addr, %admin_addr, %admission, %identity, tls, pod = %kube_args.pod_name, namespace = %kube_args.pod_namespace, lease = %args.lease_name, "serving");
 
     // Ready once every kind has been listed: before that a proxy would be told that
     // policies and endpoints which exist do not.
@@ -340,13 +530,6 @@ async fn run_kubernetes(
         }
     };
 
-    let serve = kinference_policy_grpc::serve_with(
-        grpc,
-        index,
-        metrics.grpc.clone(),
-        grpc_config(&args),
-        shutdown.signal(),
-    );
     tokio::select! {
         res = serve => res.context("gRPC server")?,
         res = source => match res.context("Kubernetes source task")? {

@@ -128,7 +128,7 @@ fn an_invalid_external_tag_keeps_the_policy_off_the_wire_with_its_message() {
     assert!(p.classifiers.is_empty() && p.models.is_empty());
     assert!(
         status.message.contains(
-            "InferenceClassifier default/llm: spec.tags[5].external.fallback: fallback \"other\" \
+            "InferenceClassifier default/llm: spec.tags[6].external.fallback: fallback \"other\" \
              is not one of the declared values (legal, medical, general)"
         ),
         "{}",

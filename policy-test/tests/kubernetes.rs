@@ -13,7 +13,10 @@ use kinference_policy_test::{
 };
 use kinference_proxy_api::{
     InferencePoliciesClient,
-    inference::{InferenceTarget, inference_target},
+    inference::{
+        GuardReport, GuardStatus, InferenceTarget, guard_status::State as GuardState,
+        inference_target,
+    },
 };
 use linkerd2_proxy_api::destination::{self as dst, destination_client::DestinationClient, update};
 use rustls::{ClientConfig, RootCertStore, pki_types::ServerName};
@@ -327,6 +330,92 @@ async fn kubernetes_mode_serves_the_clusters_objects_writes_status_and_answers_w
         patch.to_string().contains("ghcr.io/kinference/proxy:0.1.0"),
         "{patch}"
     );
+
+    // A proxy reports that a quality guard suspended the policy's rule for a family: the
+    // policy's QualityGuard condition says so, and a Warning Event is published on it.
+    let guard = |state: GuardState, gap: f64| GuardStatus {
+        tenant: "apps/chat".into(),
+        rule: "low".into(),
+        family: "math".into(),
+        state: state as i32,
+        samples: 50,
+        min_samples: 50,
+        gap: Some(gap),
+        tolerance: 0.05,
+    };
+    let report = |g: GuardStatus| GuardReport {
+        target: Some(InferenceTarget {
+            source_workload: "apps:chat".into(),
+            target: Some(inference_target::Target::Authority(AUTHORITY.into())),
+        }),
+        revision: policy.revision.clone(),
+        guards: vec![g],
+    };
+    client
+        .report_guards(report(guard(GuardState::Suspended, 0.3)))
+        .await
+        .expect("the report is accepted");
+    let condition = |status: &'static str| {
+        let server = &server;
+        async move {
+            server
+                .wait_for(EVENT_TIMEOUT, "the policy's QualityGuard condition", |s| {
+                    let p = s.object(POLICY_API, "InferencePolicy", NS, "llm")?;
+                    let conditions = p["status"]["conditions"].as_array()?.clone();
+                    conditions
+                        .into_iter()
+                        .find(|c| c["type"] == "QualityGuard" && c["status"] == status)
+                })
+                .await
+        }
+    };
+    let suspended = condition("False").await;
+    assert_eq!(suspended["reason"], "RuleSuspended", "{suspended}");
+    let message = suspended["message"].as_str().unwrap();
+    assert!(
+        message.contains("rule \"low\" for tenant apps/chat family math: gap 0.30 over 50 samples"),
+        "{message}"
+    );
+    // Accepted stays as it was.
+    let p = server
+        .object(POLICY_API, "InferencePolicy", NS, "llm")
+        .unwrap();
+    assert!(
+        p["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "Accepted" && c["status"] == "True")
+    );
+    let event = |reason: &'static str| {
+        let server = &server;
+        async move {
+            server
+                .wait_for(EVENT_TIMEOUT, reason, |s| {
+                    s.objects("events.k8s.io/v1", "Event")
+                        .into_iter()
+                        .find(|e| e["reason"] == reason && e["regarding"]["name"] == "llm")
+                })
+                .await
+        }
+    };
+    let warning = event("QualityGuardSuspended").await;
+    assert_eq!(warning["type"], "Warning", "{warning}");
+    assert_eq!(warning["regarding"]["kind"], "InferencePolicy", "{warning}");
+    assert!(
+        warning["note"].as_str().unwrap().contains("family math"),
+        "{warning}"
+    );
+
+    // Back within tolerance: True, and a Normal event.
+    client
+        .report_guards(report(guard(GuardState::Trusted, 0.0)))
+        .await
+        .expect("the report is accepted");
+    let within = condition("True").await;
+    assert_eq!(within["reason"], "WithinTolerance", "{within}");
+    let normal = event("QualityGuardWithinTolerance").await;
+    assert_eq!(normal["type"], "Normal", "{normal}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

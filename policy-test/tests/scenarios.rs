@@ -126,8 +126,8 @@ async fn serves_the_example_policy() -> anyhow::Result<()> {
     assert_eq!(backend.destination_path, GLM_PATH);
     assert_eq!(backend.pool.as_ref().unwrap().kind, "InferencePool");
     let prior = glm.prior.as_ref().unwrap();
-    assert_eq!(prior.prefill_tokens_per_second, 25_000.0);
-    assert!((prior.time_per_output_token_s - 0.012).abs() < 1e-12);
+    assert_eq!(prior.prefill_tokens_per_second, 20_000.0);
+    assert!((prior.time_per_output_token_s - 0.015).abs() < 1e-12);
     let price = glm.price.as_ref().unwrap();
     assert_eq!(
         (
@@ -158,7 +158,7 @@ async fn serves_the_example_policy() -> anyhow::Result<()> {
     );
 
     let tags = &p.classifiers[0].tags;
-    assert_eq!(tags.len(), 3);
+    assert_eq!(tags.len(), 4);
     assert_eq!(
         tags[0].kind,
         // The example leaves the thresholds to the model's calibration: sent unset.
@@ -172,6 +172,10 @@ async fn serves_the_example_policy() -> anyhow::Result<()> {
     );
     assert!(
         matches!(&tags[2].kind, Some(classifier::tag::Kind::Regex(r)) if r.patterns.len() == 2)
+    );
+    assert_eq!(
+        tags[3].kind,
+        Some(classifier::tag::Kind::Family(classifier::Family {}))
     );
 
     let b = p.balancer.as_ref().unwrap();
@@ -348,10 +352,10 @@ async fn a_deleted_policy_is_withdrawn() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-async fn an_invalid_policy_is_not_served() -> anyhow::Result<()> {
+async fn an_invalid_edit_keeps_the_last_valid_policy_served() -> anyhow::Result<()> {
     let ctl = start().await?;
     let mut stream = watch_inference(&ctl).await?;
-    next_matching(&mut stream, "the served policy", |p| {
+    let (served, _) = next_matching(&mut stream, "the served policy", |p| {
         status_kind(p) == status::Kind::Served
     })
     .await?;
@@ -361,14 +365,13 @@ async fn an_invalid_policy_is_not_served() -> anyhow::Result<()> {
         "addModels: [\"qwen-3.6-27b\"]",
         "addModels: [\"qwen-9\"]",
     )?;
-    let (p, _) = next_matching(&mut stream, "an invalid policy", |p| {
-        status_kind(p) == status::Kind::Invalid
+    let (p, _) = next_matching(&mut stream, "the last valid policy", |p| {
+        status_kind(p) == status::Kind::LastGood
     })
     .await?;
-    assert!(
-        p.models.is_empty(),
-        "an invalid policy's models are not served"
-    );
+    // The rejected version is not served: the last valid one is, with what was rejected.
+    assert_eq!(p.revision, served.revision);
+    assert_eq!(model_names(&p), vec!["glm-5.3", "qwen-3.6-27b"]);
     let message = &p.status.as_ref().unwrap().message;
     assert!(
         message.contains("spec.rules[0].action.addModels[0]"),
@@ -378,11 +381,17 @@ async fn an_invalid_policy_is_not_served() -> anyhow::Result<()> {
     // The admin metrics count it.
     let (_, metrics) = ctl.admin_get("/metrics").await?;
     assert!(
-        metrics.contains("kinference_policy_index_invalid_policies 1"),
+        metrics.contains("kinference_policy_index_last_good_parents 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            r#"kinference_policy_rejected_resources_total{kind="InferencePolicy",reason="not_found"} 1"#
+        ),
         "{metrics}"
     );
 
-    // Fixing it serves it again.
+    // Fixing it serves the fixed version.
     edit(
         &ctl,
         "policy.yaml",
@@ -420,7 +429,10 @@ async fn a_malformed_file_keeps_its_last_good_contents() -> anyhow::Result<()> {
         )
     })
     .await?;
-    assert_eq!(status_kind(&p), status::Kind::Served);
+    // The policy file's newest version is not YAML: its last good version is served, as such.
+    assert_eq!(status_kind(&p), status::Kind::LastGood);
+    let message = &p.status.as_ref().unwrap().message;
+    assert!(message.contains("yaml"), "{message}");
     assert_eq!(model_names(&p), vec!["glm-5.3", "qwen-3.6-27b"]);
     let (_, metrics) = ctl.admin_get("/metrics").await?;
     assert!(

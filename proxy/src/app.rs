@@ -1,27 +1,31 @@
 //! Wiring: configuration in, listeners and background tasks out.
 //!
-//! Discovery feeds the policy and the endpoint set; a sync task applies both to the shared state
-//! and the balancer; the scrapers follow the balancer's endpoints; the outbound and admin
-//! listeners serve until the process is told to stop. Each target (the configured default one,
-//! and each original destination of redirected connections that has an inference policy) gets
-//! its own discovery, balancer and service; metrics and decision records are shared. A
+//! Discovery feeds the policy and the endpoint set; a sync task applies both to the target (its
+//! policy, endpoint table and router, `crate::target`); the scrapers follow the target's
+//! endpoints; the outbound and admin listeners serve until the process is told to stop. Each
+//! target (the configured default one, and each original destination of redirected connections
+//! that has an inference policy) gets its own discovery, router and stack (`crate::stack`);
+//! metrics and decision records are shared. A
 //! redirected target's stack is stopped (its tasks aborted) once it has been idle for
 //! `--target-idle-timeout-ms`.
 
 use crate::{
     admin,
     config::{Config, LogFormat},
-    dispatch::Dispatch,
-    inference::Shared,
-    policy::Workload,
+    decisions::Decisions,
+    metrics::Metrics,
+    router::RouterHandle,
     server::{
-        self, OpenAi, RequestIdLayer, RequestIdService,
+        self,
         orig_dst::SoOriginalDst,
         targets::{ControllerResolve, Targets},
     },
     signals,
+    stack::{self, Stack},
+    target::{self, Target},
 };
 use anyhow::Context as _;
+use kinference_decision::Workload;
 use kinference_proxy_discovery::{self as discovery, DiscoveryConfig};
 use std::{sync::Arc, time::Duration};
 use tokio::net::TcpListener;
@@ -38,45 +42,6 @@ fn init_logs(format: LogFormat) {
     };
 }
 
-/// Keeps the shared state in step with discovery: every new policy or endpoint set is applied.
-async fn sync(shared: Arc<Shared>, mut d: discovery::Discovery) {
-    loop {
-        let policy = d.inference.borrow_and_update().clone();
-        let endpoints = d.endpoints.borrow_and_update().clone();
-        if let Some(proto) = policy {
-            let changed = shared
-                .policy()
-                .is_none_or(|cur| !Arc::ptr_eq(&cur.proto, &proto));
-            let state = if changed {
-                shared.set_policy(proto)
-            } else {
-                shared.policy().unwrap_or_else(|| shared.set_policy(proto))
-            };
-            shared.balance.sync(&state.policy, &endpoints);
-        }
-        tokio::select! {
-            r = d.inference.changed() => if r.is_err() { return },
-            r = d.endpoints.changed() => if r.is_err() { return },
-        }
-    }
-}
-
-/// Mirrors discovery's connection state into the shared state (for `/debug/discovery`).
-async fn follow_connected(shared: Arc<Shared>, mut connected: tokio::sync::watch::Receiver<bool>) {
-    loop {
-        let up = *connected.borrow_and_update();
-        shared
-            .controller_connected
-            .store(up, std::sync::atomic::Ordering::Relaxed);
-        if connected.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
-/// The service that serves one target's OpenAI traffic.
-type TargetService = RequestIdService<OpenAi<Dispatch>>;
-
 /// A target's background tasks, aborted when the last handle on its stack is dropped. Aborting
 /// the sync task drops discovery's receivers, which ends its streams to the controller; aborting
 /// the scrapers' task ends each endpoint's scraper.
@@ -91,25 +56,24 @@ impl Drop for Tasks {
     }
 }
 
-/// One target's stack: its service, its state, and its tasks, which live as long as a clone.
+/// One target's stack: its service, its handles, and its tasks, which live as long as a clone.
 #[derive(Clone, Debug)]
-struct Target {
-    service: TargetService,
-    shared: Arc<Shared>,
+struct TargetStack {
+    service: Stack,
+    target: Target,
     _tasks: Arc<Tasks>,
 }
 
-impl tower::Service<http::Request<hyper::body::Incoming>> for Target {
-    type Response =
-        <TargetService as tower::Service<http::Request<hyper::body::Incoming>>>::Response;
-    type Error = <TargetService as tower::Service<http::Request<hyper::body::Incoming>>>::Error;
-    type Future = <TargetService as tower::Service<http::Request<hyper::body::Incoming>>>::Future;
+impl tower::Service<http::Request<hyper::body::Incoming>> for TargetStack {
+    type Response = <Stack as tower::Service<http::Request<hyper::body::Incoming>>>::Response;
+    type Error = <Stack as tower::Service<http::Request<hyper::body::Incoming>>>::Error;
+    type Future = <Stack as tower::Service<http::Request<hyper::body::Incoming>>>::Future;
 
     fn poll_ready(
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<(), Self::Error>> {
-        <TargetService as tower::Service<http::Request<hyper::body::Incoming>>>::poll_ready(
+        <Stack as tower::Service<http::Request<hyper::body::Incoming>>>::poll_ready(
             &mut self.service,
             cx,
         )
@@ -122,45 +86,42 @@ impl tower::Service<http::Request<hyper::body::Incoming>> for Target {
 
 /// Starts the stack of one target (a Service authority, or the `ip:port` a redirected connection
 /// was going to): its discovery streams, the task applying them, the scrapers of its endpoints,
-/// and the service. `shared` is the target's own state; metrics and decision records are the
-/// sidecar's, shared by every target.
-fn spawn_target(config: &Config, target: String, mut shared: Shared) -> Target {
-    shared.target = target.clone();
-    let shared = Arc::new(shared);
+/// and the service. Metrics and decision records are the sidecar's, shared by every target.
+fn spawn_target(config: &Config, name: String, shared: &stack::Shared) -> TargetStack {
+    let (target, feed) = target::new(
+        &name,
+        RouterHandle::new(crate::clock::Clock::new(), config.router_config()),
+    );
     let d = discovery::spawn(DiscoveryConfig {
         controller: config.controller_addr.clone(),
-        target,
+        target: name,
         workload: config.workload.clone(),
         backoff_min: Duration::from_millis(100),
         backoff_max: Duration::from_secs(5),
     });
     let tasks = Tasks(vec![
-        tokio::spawn(follow_connected(shared.clone(), d.connected.clone())),
-        tokio::spawn(sync(shared.clone(), d)),
+        tokio::spawn(target::follow_connected(
+            target.clone(),
+            d.connected.clone(),
+        )),
+        tokio::spawn(target::follow_refusals(
+            target.clone(),
+            d.refusals.clone(),
+            shared.metrics.discovery.clone(),
+        )),
+        d.report_guards(target.guard_reports.subscribe()),
+        tokio::spawn(target::sync(target.clone(), feed, d)),
         signals::spawn(
-            shared.balance.clone(),
-            shared.metrics.clone(),
+            target.endpoints.clone(),
+            target.router.clone(),
+            shared.metrics.signals.clone(),
             config.scrape_interval(),
             config.scrape_timeout(),
         ),
     ]);
-    let dispatch = Dispatch::new(
-        config.upstream_protocol,
-        config.connect_timeout(),
-        config.response_timeout(),
-    );
-    let front = OpenAi::new(
-        shared.clone(),
-        dispatch,
-        config.body_limit_bytes,
-        config.allow_tenant_header,
-        config.workload.clone(),
-    );
-    Target {
-        service: tower::ServiceBuilder::new()
-            .layer(RequestIdLayer)
-            .service(front),
-        shared,
+    TargetStack {
+        service: stack::build(config, &target, shared),
+        target,
         _tasks: Arc::new(tasks),
     }
 }
@@ -169,20 +130,17 @@ fn spawn_target(config: &Config, target: String, mut shared: Shared) -> Target {
 /// endpoints; after it, requests are served (and refused if there is still no policy).
 const FIRST_POLICY_WAIT: Duration = Duration::from_secs(5);
 
-/// Waits until `shared` can route (a policy, and endpoints reported for each of its pools, as
-/// `/ready` requires), or `limit` has passed.
-async fn ready(shared: &Shared, limit: Duration) {
-    let deadline = tokio::time::Instant::now() + limit;
-    while !(shared.policy().is_some() && shared.balance.awaiting_endpoints().is_empty())
-        && tokio::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn new_shared(config: &Config) -> Shared {
-    let workload = Workload::parse(&config.workload, config.workload_label_pairs());
-    Shared::new(workload, config.retry_budget, config.decision_records)
+/// The runtime `config` asks for: one thread for `--cores 1` (tokio's current-thread scheduler,
+/// as linkerd2-proxy uses for one core), else that many worker threads.
+pub fn runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = if config.cores <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(config.cores);
+        b
+    };
+    builder.enable_all().thread_name("kinference-proxy").build()
 }
 
 /// Runs the proxy until SIGINT or SIGTERM.
@@ -197,8 +155,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let listen_addr = listener.local_addr()?;
     let listener6 = ipv6_loopback_listener(listen_addr).await;
     let admin_addr = admin_listener.local_addr()?;
+    let metrics_listener = match config.metrics_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the metrics listener to {addr}"))?,
+        ),
+        None => None,
+    };
     // A line scripts and tests read to find the ports.
-    println!("kinference-proxy listen={listen_addr} admin={admin_addr}");
+    match &metrics_listener {
+        Some(l) => println!(
+            "kinference-proxy listen={listen_addr} admin={admin_addr} metrics={}",
+            l.local_addr()?
+        ),
+        None => println!("kinference-proxy listen={listen_addr} admin={admin_addr}"),
+    }
     tracing::info!(
         %listen_addr,
         %admin_addr,
@@ -216,21 +188,24 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     // The default target serves direct use; the admin listener reports on it, and its metrics
     // and decision records are every target's.
-    let direct = spawn_target(&config, config.target.clone(), new_shared(&config));
-    let shared = direct.shared.clone();
+    let shared = stack::Shared {
+        metrics: Metrics::new(),
+        decisions: Decisions::new(config.decision_records),
+        workload: Workload::parse(&config.workload, config.workload_label_pairs()),
+        settings: stack::Settings::of(&config),
+    };
+    let direct = spawn_target(&config, config.target.clone(), &shared);
+    let default_target = direct.target.clone();
 
     let config = Arc::new(config);
     let make = {
-        let (config, base) = (config.clone(), shared.clone());
+        let (config, shared) = (config.clone(), shared.clone());
         move |dst: std::net::SocketAddr| {
-            let mut own = new_shared(&config);
-            own.metrics = base.metrics.clone();
-            own.decisions = base.decisions.clone();
-            let target = spawn_target(&config, dst.to_string(), own);
+            let stack = spawn_target(&config, dst.to_string(), &shared);
             Box::pin(async move {
-                ready(&target.shared, FIRST_POLICY_WAIT).await;
-                target
-            }) as futures::future::BoxFuture<'static, Target>
+                stack.target.ready(FIRST_POLICY_WAIT).await;
+                stack
+            }) as futures::future::BoxFuture<'static, TargetStack>
         }
     };
     let resolve = ControllerResolve::new(
@@ -248,10 +223,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ),
         orig_dst: SoOriginalDst,
         connect_timeout: config.connect_timeout(),
-        metrics: shared.metrics.clone(),
+        metrics: shared.metrics.server.clone(),
+        limits: config.conn_limits(),
     });
     let view: admin::TargetsView = Arc::new(AdminTargets(outbound.clone()));
-    tokio::spawn(admin::serve(admin_listener, shared.clone(), view));
+    let admin = admin::Admin {
+        target: default_target,
+        metrics: shared.metrics.clone(),
+        decisions: shared.decisions.clone(),
+        workload: shared.workload.clone(),
+        targets: view,
+    };
+    if let Some(l) = metrics_listener {
+        tokio::spawn(admin::serve_read_only(l, admin.clone()));
+    }
+    tokio::spawn(admin::serve(admin_listener, admin));
     tokio::spawn(evict_idle_targets(outbound.clone()));
     tokio::select! {
         _ = server::serve_outbound(listener, outbound.clone()) => {}
@@ -287,7 +273,7 @@ async fn ipv6_loopback_listener(listen_addr: std::net::SocketAddr) -> Option<Tcp
     }
 }
 
-type Outbound = server::Outbound<Target, ControllerResolve, SoOriginalDst>;
+type Outbound = server::Outbound<TargetStack, ControllerResolve, SoOriginalDst>;
 
 /// Stops the stacks of redirected targets that have been idle for the idle timeout.
 async fn evict_idle_targets(outbound: Arc<Outbound>) {
@@ -304,14 +290,14 @@ async fn evict_idle_targets(outbound: Arc<Outbound>) {
 
 /// `/debug/targets`' list of redirected targets.
 /// The redirected targets as the admin server sees them.
-struct AdminTargets(Arc<server::Outbound<Target, ControllerResolve, SoOriginalDst>>);
+struct AdminTargets(Arc<Outbound>);
 
 impl admin::RedirectedTargets for AdminTargets {
     fn debug(&self) -> serde_json::Value {
         debug_targets(&self.0.targets)
     }
 
-    fn stack(&self, dst: &str) -> Option<Arc<Shared>> {
+    fn stack(&self, dst: &str) -> Option<Target> {
         let dst: std::net::SocketAddr = dst.parse().ok()?;
         self.0
             .targets
@@ -319,17 +305,17 @@ impl admin::RedirectedTargets for AdminTargets {
             .into_iter()
             .find(|t| t.dst == dst)
             .and_then(|t| t.stack)
-            .map(|stack| stack.shared)
+            .map(|stack| stack.target)
     }
 }
 
-fn debug_targets(targets: &Targets<Target, ControllerResolve>) -> serde_json::Value {
+fn debug_targets(targets: &Targets<TargetStack, ControllerResolve>) -> serde_json::Value {
     let list: Vec<serde_json::Value> = targets
         .inference_targets()
         .into_iter()
         .map(|t| {
             let mut v = match &t.stack {
-                Some(stack) => admin::target_state(&t.dst.to_string(), &stack.shared),
+                Some(stack) => admin::target_state(&stack.target),
                 None => serde_json::json!({"target": t.dst.to_string(), "ready": false, "starting": true}),
             };
             v["connections"] = t.connections.into();

@@ -52,6 +52,13 @@ pub struct Config {
     )]
     pub admin_addr: SocketAddr,
 
+    /// A second, read-only listener that serves only `GET /metrics`, `/ready` and `/live`: in a
+    /// pod, the injector puts it on the pod's IP for Prometheus and the kubelet's probes, while the
+    /// admin listener and its `/debug/*` views (decision records, endpoints, policy) stay on
+    /// loopback. None by default.
+    #[arg(long, env = "KINFERENCE_PROXY_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+
     /// The policy controller's gRPC address.
     #[arg(
         long,
@@ -130,6 +137,19 @@ pub struct Config {
     #[arg(long, env = "KINFERENCE_PROXY_RETRY_BUDGET", default_value_t = 2)]
     pub retry_budget: u32,
 
+    /// The retry budget, as Linkerd's: retries may add this share of the target's requests over
+    /// the last 10 s...
+    #[arg(long, env = "KINFERENCE_PROXY_RETRY_RATIO", default_value_t = 0.2)]
+    pub retry_ratio: f32,
+
+    /// ...and at least this many retries a second are always allowed.
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_RETRY_MIN_PER_SECOND",
+        default_value_t = 10
+    )]
+    pub retry_min_per_second: u32,
+
     /// How often each endpoint's `/metrics` is scraped, in milliseconds.
     #[arg(
         long,
@@ -170,6 +190,46 @@ pub struct Config {
         default_value = "http1"
     )]
     pub upstream_protocol: UpstreamProtocol,
+
+    /// Worker threads of the proxy's runtime. 1 (the default, as linkerd2-proxy's default of one
+    /// core) runs every connection on one thread with no cross-thread wake-ups: the cheapest in
+    /// CPU per request for a sidecar. More spreads connections over that many threads.
+    #[arg(long, env = "KINFERENCE_PROXY_CORES", default_value_t = 1)]
+    pub cores: usize,
+
+    /// Log every request at INFO (`request done`: tenant, models, endpoint, status, duration,
+    /// token counts; never prompt text). Off: at DEBUG only, so a sidecar's logs do not grow with
+    /// its traffic.
+    #[arg(long, env = "KINFERENCE_PROXY_ACCESS_LOG")]
+    pub access_log: bool,
+
+    /// Consecutive failures (connect errors, timeouts, 5xx, 429) that eject an endpoint from
+    /// rotation for a backoff (1 s doubling to 60 s, with jitter), as linkerd2-proxy's failure
+    /// accrual does; 0 turns ejection off.
+    #[arg(long, env = "KINFERENCE_PROXY_FAILURE_ACCRUAL", default_value_t = 7)]
+    pub failure_accrual: u32,
+
+    /// An HTTP/1.1 request's headers must arrive within this many milliseconds; a keep-alive
+    /// connection idle as long is closed.
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_HEADER_READ_TIMEOUT_MS",
+        default_value_t = 30_000
+    )]
+    pub header_read_timeout_ms: u64,
+
+    /// HTTP/2 connections from the app are pinged this often (milliseconds), and closed when a
+    /// ping goes unanswered as long.
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_H2_KEEPALIVE_MS",
+        default_value_t = 20_000
+    )]
+    pub h2_keepalive_ms: u64,
+
+    /// Connections the outbound listener serves at once; one more is closed at once.
+    #[arg(long, env = "KINFERENCE_PROXY_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
 
     /// How many recent decision records `/debug/decisions` keeps.
     #[arg(long, env = "KINFERENCE_PROXY_DECISION_RECORDS", default_value_t = 256)]
@@ -229,6 +289,26 @@ impl Config {
 
     pub fn scrape_interval(&self) -> Duration {
         Duration::from_millis(self.scrape_interval_ms.max(1))
+    }
+
+    /// The router's settings that are the proxy's, not the policy's (failure accrual).
+    pub fn router_config(&self) -> kinference_routing::RouterConfig {
+        let mut c = kinference_routing::RouterConfig::default();
+        c.accrual.consecutive_failures = if self.failure_accrual == 0 {
+            u32::MAX
+        } else {
+            self.failure_accrual
+        };
+        c
+    }
+
+    /// How the outbound listener bounds its connections.
+    pub fn conn_limits(&self) -> crate::server::ConnLimits {
+        crate::server::ConnLimits::new(
+            Duration::from_millis(self.header_read_timeout_ms.max(1)),
+            Duration::from_millis(self.h2_keepalive_ms.max(1)),
+            self.max_connections,
+        )
     }
 
     pub fn scrape_timeout(&self) -> Duration {

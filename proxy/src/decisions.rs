@@ -4,6 +4,7 @@
 //! every prediction input and its age, the chosen endpoint, the reason, the tags and the rules that
 //! matched. It holds no prompt text.
 
+use kinference_decision::Plan;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::{collections::VecDeque, sync::Arc};
@@ -17,7 +18,7 @@ pub struct TagRecord {
 }
 
 /// Why one request went where it went.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct DecisionRecord {
     pub request_id: String,
     /// The target whose stack decided: the configured default target (direct use), or the
@@ -27,19 +28,50 @@ pub struct DecisionRecord {
     pub tenant: String,
     /// The model string the client sent.
     pub requested: String,
-    pub service_class: String,
     pub tags: Vec<TagRecord>,
-    pub rule_trace: Vec<crate::policy::RuleTrace>,
-    pub candidate_models: Vec<String>,
-    /// `enforce` or `shadow`.
-    pub mode: &'static str,
-    /// The routing core's decision: candidates, predictions with their inputs and ages, reason.
-    pub decision: kinference_routing::Decision,
+    /// The decision's plan, shared with the request it routes (never copied per request).
+    pub plan: Arc<Plan>,
     /// Where the request was sent (differs from the decision's choice in shadow mode or after a
     /// retry), in order of attempts.
     pub attempts: Vec<String>,
     /// How long classification, policy and decision took, in seconds.
     pub decision_duration_s: f64,
+    /// How long admission control held the request for its class's TTFT objective.
+    pub held_s: f64,
+}
+
+/// The record as `/debug/decisions` shows it: flat, the plan's parts beside the request's.
+impl Serialize for DecisionRecord {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let plan = &self.plan;
+        let mut r = s.serialize_struct("DecisionRecord", 16)?;
+        r.serialize_field("request_id", &self.request_id)?;
+        r.serialize_field("target", &self.target)?;
+        r.serialize_field("unix_time_ms", &self.unix_time_ms)?;
+        r.serialize_field("tenant", &self.tenant)?;
+        r.serialize_field("requested", &self.requested)?;
+        r.serialize_field("service_class", &plan.candidates.service_class)?;
+        r.serialize_field("tags", &self.tags)?;
+        r.serialize_field("rule_trace", &plan.candidates.rule_trace)?;
+        r.serialize_field("candidate_models", &plan.candidates.models)?;
+        // `enforce` or `shadow`.
+        r.serialize_field("mode", &plan.mode)?;
+        r.serialize_field("decision", &plan.decision)?;
+        match &plan.objective {
+            Some(o) => r.serialize_field("objective", o)?,
+            None => r.skip_field("objective")?,
+        }
+        if let Some(refused) = plan.refused {
+            r.serialize_field("refused", &refused)?;
+        } else {
+            r.skip_field("refused")?;
+        }
+        r.serialize_field("attempts", &self.attempts)?;
+        r.serialize_field("decision_duration_s", &self.decision_duration_s)?;
+        r.serialize_field("held_s", &self.held_s)?;
+        r.end()
+    }
 }
 
 /// The recent records, newest last. Clones share one ring, so the stacks of every destination a
@@ -94,6 +126,7 @@ impl Decisions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kinference_decision::{Candidates, Mode, Refusal};
     use kinference_routing::{Decision, ModelName, Reason, Time};
 
     fn record(id: &str) -> DecisionRecord {
@@ -103,23 +136,32 @@ mod tests {
             unix_time_ms: 0,
             tenant: "t".into(),
             requested: "m".into(),
-            service_class: "Standard".into(),
             tags: vec![],
-            rule_trace: vec![],
-            candidate_models: vec!["m".into()],
-            mode: "enforce",
-            decision: Decision {
-                at: Time::ZERO,
-                requested_model: ModelName::from("m"),
-                prompt_tokens: 1,
-                reason: Reason::NoCandidates,
-                chosen: None,
-                candidates: vec![],
-                excluded: vec![],
-                tie_window_s: 0.005,
-            },
+            plan: Arc::new(Plan {
+                candidates: Candidates {
+                    requested_model: "m".into(),
+                    models: vec!["m".into()],
+                    service_class: "Standard".into(),
+                    rule_trace: vec![],
+                },
+                mode: Mode::Enforce,
+                decision: Decision {
+                    at: Time::ZERO,
+                    requested_model: ModelName::from("m"),
+                    prompt_tokens: 1,
+                    reason: Reason::NoCandidates,
+                    chosen: None,
+                    candidates: vec![],
+                    excluded: vec![],
+                    tie_window_s: 0.005,
+                },
+                objective: None,
+                order: vec![],
+                refused: Some(Refusal::NoReadyEndpoint),
+            }),
             attempts: vec![],
             decision_duration_s: 0.0,
+            held_s: 0.0,
         }
     }
 
@@ -134,5 +176,11 @@ mod tests {
         d.update("b", |r| r.attempts.push("127.0.0.1:1".into()));
         assert_eq!(d.snapshot(Some("b"))[0].attempts, vec!["127.0.0.1:1"]);
         assert!(d.snapshot(Some("a")).is_empty());
+        let json = serde_json::to_value(&d.snapshot(Some("b"))[0]).unwrap();
+        assert_eq!(json["mode"], "enforce");
+        assert_eq!(json["service_class"], "Standard");
+        assert_eq!(json["candidate_models"], serde_json::json!(["m"]));
+        assert_eq!(json["refused"], "no_ready_endpoint");
+        assert_eq!(json["decision"]["reason"]["kind"], "no_candidates");
     }
 }

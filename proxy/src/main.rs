@@ -2,8 +2,7 @@
 
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let config = kinference_proxy::Config::parse();
-    kinference_proxy::app::run(config).await
+    kinference_proxy::app::runtime(&config)?.block_on(kinference_proxy::app::run(config))
 }

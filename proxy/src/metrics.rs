@@ -14,10 +14,14 @@
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::{Metric, Registry},
 };
 use std::sync::{Arc, atomic::AtomicU64};
+
+/// The `requested_model` of a request whose model the policy does not know: label values come
+/// from policy and configuration only, so a client cannot mint series by naming models.
+pub const UNKNOWN_MODEL: &str = "unknown";
 
 /// The labels of a served (or refused) request.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -76,6 +80,20 @@ pub struct EndpointLabels {
     pub endpoint: String,
 }
 
+/// Decisions by what the policy's objective decided.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ObjectiveLabels {
+    pub tenant: String,
+    pub requested_model: String,
+    /// The model chosen (in shadow mode, the one it would have sent to).
+    pub served_model: String,
+    /// `lowest_ttft` or `cheapest_within_slo`.
+    pub objective: String,
+    /// `fastest`, `cheaper_within_tolerance`, `cheapest_within_slo`, `none_within_slo` or
+    /// `fallback`.
+    pub decided_by: String,
+}
+
 /// Decisions by the policy rule that matched.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RuleLabels {
@@ -98,7 +116,8 @@ pub struct KvErrorLabels {
 pub struct RetryLabels {
     pub tenant: String,
     pub requested_model: String,
-    /// `connect`, `status_5xx`, `status_429`.
+    /// `connect`, `timeout`, `failed`, `status_5xx`, `status_429`, or `budget_exhausted` (a
+    /// retry the retry budget did not allow).
     pub reason: String,
 }
 
@@ -121,6 +140,13 @@ pub struct ConnectionLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ForwardErrorLabels {
     /// `connect` (refused or unreachable), `connect_timeout`, `io` (after connecting).
+    pub reason: String,
+}
+
+/// Policy messages the proxy refused, keeping its working policy.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    /// `not_found`, `invalid` or `empty` (`kinference_proxy_discovery::Refusal::reason`).
     pub reason: String,
 }
 
@@ -148,10 +174,10 @@ fn decision_histogram() -> Histogram {
     ])
 }
 
-/// Every metric family the proxy exports.
+/// What every answered request adds: counts, errors, latencies, tokens and cost, per tenant,
+/// requested and served model, pool and service class; and observed against predicted TTFT.
 #[derive(Clone, Debug)]
-pub struct Metrics {
-    registry: Arc<Registry>,
+pub struct RequestMetrics {
     pub requests: Family<RequestLabels, Counter>,
     pub errors: Family<ErrorLabels, Counter>,
     pub ttft_seconds: Hist<RequestLabels>,
@@ -159,24 +185,162 @@ pub struct Metrics {
     pub request_duration_seconds: Hist<RequestLabels>,
     pub prompt_tokens: Family<RequestLabels, Counter>,
     pub cached_prompt_tokens: Family<RequestLabels, Counter>,
+    /// The part of `cached_prompt_tokens` that is the decision's prediction, not the server's
+    /// report (a usage without `prompt_tokens_details.cached_tokens`).
+    pub cached_prompt_tokens_estimated: Family<RequestLabels, Counter>,
     pub completion_tokens: Family<RequestLabels, Counter>,
     pub cost_usd: Family<RequestLabels, Counter<f64, AtomicU64>>,
-    pub decision_duration_seconds: Hist<TenantLabels>,
     pub prediction_error_seconds: Hist<RequestLabels>,
-    pub decisions: Family<DecisionLabels, Counter>,
-    pub fallbacks: Family<FallbackLabels, Counter>,
-    pub stale_signals: Family<PoolLabels, Counter>,
-    pub retries: Family<RetryLabels, Counter>,
-    pub scrape_errors: Family<PoolLabels, Counter>,
-    pub kv_event_batches: Family<PoolLabels, Counter>,
-    pub kv_event_errors: Family<KvErrorLabels, Counter>,
     pub endpoint_ttft_seconds: Hist<EndpointLabels>,
     pub endpoint_predicted_ttft_seconds: Hist<EndpointLabels>,
     pub endpoint_prediction_error_seconds: Hist<EndpointLabels>,
+}
+
+/// What the route layer decided: how long it took, by which reason and rule, and how often it fell
+/// back.
+#[derive(Clone, Debug)]
+pub struct DecisionMetrics {
+    pub decision_duration_seconds: Hist<TenantLabels>,
+    pub decisions: Family<DecisionLabels, Counter>,
+    pub fallbacks: Family<FallbackLabels, Counter>,
+    pub stale_signals: Family<PoolLabels, Counter>,
     pub rule_decisions: Family<RuleLabels, Counter>,
+    pub objective_decisions: Family<ObjectiveLabels, Counter>,
+}
+
+/// Admission control (see `crate::admission`): what is held, for how long, and what is refused.
+#[derive(Clone, Debug)]
+pub struct AdmissionMetrics {
+    /// Requests held now, per requested model and class (an autoscaler's signal: work waiting
+    /// for capacity).
+    pub held: Family<ClassLabels, Gauge>,
+    /// How long each held request waited, by how its hold ended (`admitted` or `rejected`).
+    pub held_seconds: Hist<HoldLabels>,
+    /// Requests refused 429, by reason (`queue_timeout`, `queue_full`).
+    pub rejections: Family<AdmissionRejectionLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    /// The model the held requests asked for (after aliases): the pool an autoscaler grows.
+    pub requested_model: String,
+    pub service_class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HoldLabels {
+    pub tenant: String,
+    pub service_class: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionRejectionLabels {
+    pub tenant: String,
+    pub service_class: String,
+    pub reason: String,
+}
+
+/// The quality guards (see `crate::guard`): per tenant, rule and prompt family.
+#[derive(Clone, Debug)]
+pub struct GuardMetrics {
+    /// 1 for the key's current state, 0 for the others.
+    pub state: Family<GuardStateLabels, Gauge>,
+    /// P(requested better) - P(rule's model better) over the window.
+    pub gap: Family<GuardLabels, Gauge<f64, AtomicU64>>,
+    pub verdicts: Family<GuardVerdictLabels, Counter>,
+    /// Requests a guard kept on the requested model.
+    pub held: Family<GuardHoldLabels, Counter>,
+    /// Sampled requests, by what became of them.
+    pub samples: Family<GuardSampleLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuardLabels {
+    pub tenant: String,
+    pub rule: String,
+    pub family: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuardStateLabels {
+    pub tenant: String,
+    pub rule: String,
+    pub family: String,
+    /// `measuring`, `trusted` or `suspended`.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuardVerdictLabels {
+    pub tenant: String,
+    pub rule: String,
+    pub family: String,
+    /// `requested`, `added` or `tie`.
+    pub verdict: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuardHoldLabels {
+    pub tenant: String,
+    pub rule: String,
+    pub family: String,
+    /// `capped` or `suspended`.
+    pub hold: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuardSampleLabels {
+    pub tenant: String,
+    pub rule: String,
+    /// `judged`, `no_headroom`, `mirror_failed`, `judge_failed`, `judge_unclear`, `no_answer`
+    /// or `dropped` (too many judgements in flight).
+    pub outcome: String,
+}
+
+/// Attempts the retry layer sent again elsewhere.
+#[derive(Clone, Debug)]
+pub struct RetryMetrics {
+    pub retries: Family<RetryLabels, Counter>,
+    /// Endpoints failure accrual took out of rotation.
+    pub ejections: Family<EndpointLabels, Counter>,
+}
+
+/// What the signals tasks could not read.
+#[derive(Clone, Debug)]
+pub struct SignalMetrics {
+    pub scrape_errors: Family<PoolLabels, Counter>,
+    pub kv_event_batches: Family<PoolLabels, Counter>,
+    pub kv_event_errors: Family<KvErrorLabels, Counter>,
+}
+
+/// How the outbound listener served its connections.
+#[derive(Clone, Debug)]
+pub struct ConnectionMetrics {
     pub connections: Family<ConnectionLabels, Counter>,
     pub forward_errors: Family<ForwardErrorLabels, Counter>,
     pub target_evictions: Counter,
+}
+
+/// What discovery refused.
+#[derive(Clone, Debug)]
+pub struct DiscoveryMetrics {
+    pub policy_rejections: Family<RejectionLabels, Counter>,
+}
+
+/// Every metric family the proxy exports, grouped by the layer or task that writes them: each
+/// holds only its group.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    pub http: RequestMetrics,
+    pub route: DecisionMetrics,
+    pub retry: RetryMetrics,
+    pub signals: SignalMetrics,
+    pub guard: GuardMetrics,
+    pub admission: AdmissionMetrics,
+    pub server: ConnectionMetrics,
+    pub discovery: DiscoveryMetrics,
 }
 
 impl Default for Metrics {
@@ -194,156 +358,282 @@ fn registered<M: Metric + Clone>(r: &mut Registry, name: &str, help: &str, metri
 impl Metrics {
     pub fn new() -> Self {
         let mut r = Registry::with_prefix("kinference_proxy");
+        let requests = registered(&mut r, "requests", "Requests answered", Family::default());
+        let errors = registered(
+            &mut r,
+            "errors",
+            "Requests answered with an error, by status",
+            Family::default(),
+        );
+        let ttft_seconds = registered(
+            &mut r,
+            "ttft_seconds",
+            "Time to first token observed by the proxy (streaming requests)",
+            hist(latency_histogram),
+        );
+        let inter_token_latency_seconds = registered(
+            &mut r,
+            "inter_token_latency_seconds",
+            "Gaps between streamed tokens",
+            hist(itl_histogram),
+        );
+        let request_duration_seconds = registered(
+            &mut r,
+            "request_duration_seconds",
+            "End-to-end request latency, from arrival to the last byte",
+            hist(latency_histogram),
+        );
+        let prompt_tokens = registered(
+            &mut r,
+            "prompt_tokens",
+            "Prompt tokens, as the server reported",
+            Family::default(),
+        );
+        let cached_prompt_tokens = registered(
+            &mut r,
+            "cached_prompt_tokens",
+            "Prompt tokens served from the prefix cache: as the server reported, or as predicted \
+             where it reported none",
+            Family::default(),
+        );
+        let cached_prompt_tokens_estimated = registered(
+            &mut r,
+            "cached_prompt_tokens_estimated",
+            "The cached prompt tokens counted from the routing prediction, because the server's \
+             usage had no cached_tokens (vLLM without --enable-prompt-tokens-details)",
+            Family::default(),
+        );
+        let completion_tokens = registered(
+            &mut r,
+            "completion_tokens",
+            "Completion tokens",
+            Family::default(),
+        );
+        let cost_usd = registered(
+            &mut r,
+            "cost_usd",
+            "Cost of the tokens at the policy's prices",
+            Family::default(),
+        );
+        let decision_duration_seconds = registered(
+            &mut r,
+            "decision_duration_seconds",
+            "Time to classify, apply policy and decide",
+            hist(decision_histogram),
+        );
+        let prediction_error_seconds = registered(
+            &mut r,
+            "prediction_error_seconds",
+            "Absolute difference between observed and predicted TTFT",
+            hist(latency_histogram),
+        );
+        let decisions = registered(
+            &mut r,
+            "decisions",
+            "Routing decisions by reason",
+            Family::default(),
+        );
+        let fallbacks = registered(
+            &mut r,
+            "fallbacks",
+            "Decisions that fell back from prediction",
+            Family::default(),
+        );
+        let stale_signals = registered(
+            &mut r,
+            "stale_signals",
+            "Candidate endpoints whose scraped signals were older than the freshness budget",
+            Family::default(),
+        );
+        let retries = registered(
+            &mut r,
+            "retries",
+            "Attempts retried on the next-best endpoint",
+            Family::default(),
+        );
+        let ejections = registered(
+            &mut r,
+            "endpoint_ejections",
+            "Endpoints taken out of rotation by failure accrual (consecutive failures)",
+            Family::default(),
+        );
+        let scrape_errors = registered(
+            &mut r,
+            "scrape_errors",
+            "Failed scrapes of endpoint metrics",
+            Family::default(),
+        );
+        let kv_event_batches = registered(
+            &mut r,
+            "kv_event_batches",
+            "vLLM KV-event batches applied to the precise prefix index",
+            Family::default(),
+        );
+        let kv_event_errors = registered(
+            &mut r,
+            "kv_event_errors",
+            "Failures on KV-event streams (sequence_gap and decode lose events and clear the endpoint's index)",
+            Family::default(),
+        );
+        let endpoint_ttft_seconds = registered(
+            &mut r,
+            "endpoint_ttft_seconds",
+            "TTFT observed by the proxy per endpoint, from dispatch (streams whose prediction is known)",
+            hist(latency_histogram),
+        );
+        let endpoint_predicted_ttft_seconds = registered(
+            &mut r,
+            "endpoint_predicted_ttft_seconds",
+            "TTFT predicted for the same requests as endpoint_ttft_seconds",
+            hist(latency_histogram),
+        );
+        let endpoint_prediction_error_seconds = registered(
+            &mut r,
+            "endpoint_prediction_error_seconds",
+            "Absolute difference between observed and predicted TTFT, per endpoint",
+            hist(latency_histogram),
+        );
+        let rule_decisions = registered(
+            &mut r,
+            "rule_decisions",
+            "Routing decisions whose policy evaluation matched a rule, by the model chosen",
+            Family::default(),
+        );
+        let objective_decisions = registered(
+            &mut r,
+            "objective_decisions",
+            "Routing decisions by the policy's objective and what decided the choice",
+            Family::default(),
+        );
+        let connections = registered(
+            &mut r,
+            "connections",
+            "Connections accepted on the outbound listener, by how they were served",
+            Family::default(),
+        );
+        let forward_errors = registered(
+            &mut r,
+            "forward_errors",
+            "Redirected connections forwarded as plain TCP that failed, by reason",
+            Family::default(),
+        );
+        let target_evictions = registered(
+            &mut r,
+            "target_evictions",
+            "Stacks of redirected inference targets stopped after their idle timeout",
+            Counter::default(),
+        );
+        let policy_rejections = registered(
+            &mut r,
+            "policy_rejections",
+            "Inference policy messages refused because they would leave a working target with no models, by reason (the working policy is kept)",
+            Family::default(),
+        );
+        let guard = GuardMetrics {
+            state: registered(
+                &mut r,
+                "guard_state",
+                "A quality guard's state per tenant, rule and prompt family: 1 for the current one",
+                Family::default(),
+            ),
+            gap: registered(
+                &mut r,
+                "guard_gap",
+                "A quality guard's measured gap: P(requested model better) - P(rule's model better) over its window",
+                Family::default(),
+            ),
+            verdicts: registered(
+                &mut r,
+                "guard_verdicts",
+                "Judged samples by which answer the judge found better",
+                Family::default(),
+            ),
+            held: registered(
+                &mut r,
+                "guard_held",
+                "Requests a quality guard kept on the requested model, by why",
+                Family::default(),
+            ),
+            samples: registered(
+                &mut r,
+                "guard_samples",
+                "Requests sampled for judging, by what became of them",
+                Family::default(),
+            ),
+        };
+        let admission = AdmissionMetrics {
+            held: registered(
+                &mut r,
+                "admission_held",
+                "Requests held now for their service class's TTFT objective",
+                Family::default(),
+            ),
+            held_seconds: registered(
+                &mut r,
+                "admission_held_seconds",
+                "How long held requests waited, by how the hold ended",
+                hist(latency_histogram),
+            ),
+            rejections: registered(
+                &mut r,
+                "admission_rejections",
+                "Requests refused 429 by admission control, by reason",
+                Family::default(),
+            ),
+        };
         Self {
-            requests: registered(&mut r, "requests", "Requests answered", Family::default()),
-            errors: registered(
-                &mut r,
-                "errors",
-                "Requests answered with an error, by status",
-                Family::default(),
-            ),
-            ttft_seconds: registered(
-                &mut r,
-                "ttft_seconds",
-                "Time to first token observed by the proxy (streaming requests)",
-                hist(latency_histogram),
-            ),
-            inter_token_latency_seconds: registered(
-                &mut r,
-                "inter_token_latency_seconds",
-                "Gaps between streamed tokens",
-                hist(itl_histogram),
-            ),
-            request_duration_seconds: registered(
-                &mut r,
-                "request_duration_seconds",
-                "End-to-end request latency, from arrival to the last byte",
-                hist(latency_histogram),
-            ),
-            prompt_tokens: registered(
-                &mut r,
-                "prompt_tokens",
-                "Prompt tokens, as the server reported",
-                Family::default(),
-            ),
-            cached_prompt_tokens: registered(
-                &mut r,
-                "cached_prompt_tokens",
-                "Prompt tokens served from the prefix cache",
-                Family::default(),
-            ),
-            completion_tokens: registered(
-                &mut r,
-                "completion_tokens",
-                "Completion tokens",
-                Family::default(),
-            ),
-            cost_usd: registered(
-                &mut r,
-                "cost_usd",
-                "Cost of the tokens at the policy's prices",
-                Family::default(),
-            ),
-            decision_duration_seconds: registered(
-                &mut r,
-                "decision_duration_seconds",
-                "Time to classify, apply policy and decide",
-                hist(decision_histogram),
-            ),
-            prediction_error_seconds: registered(
-                &mut r,
-                "prediction_error_seconds",
-                "Absolute difference between observed and predicted TTFT",
-                hist(latency_histogram),
-            ),
-            decisions: registered(
-                &mut r,
-                "decisions",
-                "Routing decisions by reason",
-                Family::default(),
-            ),
-            fallbacks: registered(
-                &mut r,
-                "fallbacks",
-                "Decisions that fell back from prediction",
-                Family::default(),
-            ),
-            stale_signals: registered(
-                &mut r,
-                "stale_signals",
-                "Candidate endpoints whose scraped signals were older than the freshness budget",
-                Family::default(),
-            ),
-            retries: registered(
-                &mut r,
-                "retries",
-                "Attempts retried on the next-best endpoint",
-                Family::default(),
-            ),
-            scrape_errors: registered(
-                &mut r,
-                "scrape_errors",
-                "Failed scrapes of endpoint metrics",
-                Family::default(),
-            ),
-            kv_event_batches: registered(
-                &mut r,
-                "kv_event_batches",
-                "vLLM KV-event batches applied to the precise prefix index",
-                Family::default(),
-            ),
-            kv_event_errors: registered(
-                &mut r,
-                "kv_event_errors",
-                "Failures on KV-event streams (sequence_gap and decode lose events and clear the endpoint's index)",
-                Family::default(),
-            ),
-            endpoint_ttft_seconds: registered(
-                &mut r,
-                "endpoint_ttft_seconds",
-                "TTFT observed by the proxy per endpoint, from dispatch (streams whose prediction is known)",
-                hist(latency_histogram),
-            ),
-            endpoint_predicted_ttft_seconds: registered(
-                &mut r,
-                "endpoint_predicted_ttft_seconds",
-                "TTFT predicted for the same requests as endpoint_ttft_seconds",
-                hist(latency_histogram),
-            ),
-            endpoint_prediction_error_seconds: registered(
-                &mut r,
-                "endpoint_prediction_error_seconds",
-                "Absolute difference between observed and predicted TTFT, per endpoint",
-                hist(latency_histogram),
-            ),
-            rule_decisions: registered(
-                &mut r,
-                "rule_decisions",
-                "Routing decisions whose policy evaluation matched a rule, by the model chosen",
-                Family::default(),
-            ),
-            connections: registered(
-                &mut r,
-                "connections",
-                "Connections accepted on the outbound listener, by how they were served",
-                Family::default(),
-            ),
-            forward_errors: registered(
-                &mut r,
-                "forward_errors",
-                "Redirected connections forwarded as plain TCP that failed, by reason",
-                Family::default(),
-            ),
-            target_evictions: registered(
-                &mut r,
-                "target_evictions",
-                "Stacks of redirected inference targets stopped after their idle timeout",
-                Counter::default(),
-            ),
             registry: Arc::new(r),
+            http: RequestMetrics {
+                requests,
+                errors,
+                ttft_seconds,
+                inter_token_latency_seconds,
+                request_duration_seconds,
+                prompt_tokens,
+                cached_prompt_tokens,
+                cached_prompt_tokens_estimated,
+                completion_tokens,
+                cost_usd,
+                prediction_error_seconds,
+                endpoint_ttft_seconds,
+                endpoint_predicted_ttft_seconds,
+                endpoint_prediction_error_seconds,
+            },
+            route: DecisionMetrics {
+                decision_duration_seconds,
+                decisions,
+                fallbacks,
+                stale_signals,
+                rule_decisions,
+                objective_decisions,
+            },
+            retry: RetryMetrics { retries, ejections },
+            signals: SignalMetrics {
+                scrape_errors,
+                kv_event_batches,
+                kv_event_errors,
+            },
+            server: ConnectionMetrics {
+                connections,
+                forward_errors,
+                target_evictions,
+            },
+            discovery: DiscoveryMetrics { policy_rejections },
+            guard,
+            admission,
         }
     }
 
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl ConnectionMetrics {
     /// Counts an accepted connection by how it was served.
     pub fn connection(&self, served: &str) {
         self.connections
@@ -361,7 +651,9 @@ impl Metrics {
             })
             .inc();
     }
+}
 
+impl RequestMetrics {
     /// An observed TTFT (from dispatch) set against its prediction: the pool-labelled error and
     /// the endpoint-labelled observed, predicted and error.
     pub fn observe_prediction(
@@ -391,6 +683,22 @@ impl Metrics {
             .observe(error_s);
     }
 
+    /// Counts an answered error.
+    pub fn error(&self, labels: &RequestLabels, status: &str) {
+        self.errors
+            .get_or_create(&ErrorLabels {
+                tenant: labels.tenant.clone(),
+                requested_model: labels.requested_model.clone(),
+                served_model: labels.served_model.clone(),
+                pool: labels.pool.clone(),
+                service_class: labels.service_class.clone(),
+                status: status.to_string(),
+            })
+            .inc();
+    }
+}
+
+impl DecisionMetrics {
     /// Counts one decision under each rule that matched it.
     pub fn rule_decisions<'a>(
         &self,
@@ -410,28 +718,6 @@ impl Metrics {
                 .inc();
         }
     }
-
-    /// Counts an answered error.
-    pub fn error(&self, labels: &RequestLabels, status: &str) {
-        self.errors
-            .get_or_create(&ErrorLabels {
-                tenant: labels.tenant.clone(),
-                requested_model: labels.requested_model.clone(),
-                served_model: labels.served_model.clone(),
-                pool: labels.pool.clone(),
-                service_class: labels.service_class.clone(),
-                status: status.to_string(),
-            })
-            .inc();
-    }
-
-    /// The OpenMetrics text exposition.
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
-    }
 }
 
 #[cfg(test)]
@@ -448,10 +734,10 @@ mod tests {
             pool: "qwen-3.6-27b".into(),
             service_class: "Standard".into(),
         };
-        m.requests.get_or_create(&l).inc();
-        m.cost_usd.get_or_create(&l).inc_by(0.5);
-        m.ttft_seconds.get_or_create(&l).observe(0.2);
-        m.error(&l, "503");
+        m.http.requests.get_or_create(&l).inc();
+        m.http.cost_usd.get_or_create(&l).inc_by(0.5);
+        m.http.ttft_seconds.get_or_create(&l).observe(0.2);
+        m.http.error(&l, "503");
         let text = m.encode();
         assert!(text.contains(r#"kinference_proxy_requests_total{tenant="team-a/chat",requested_model="glm-5.3",served_model="qwen-3.6-27b",pool="qwen-3.6-27b",service_class="Standard"} 1"#), "{text}");
         assert!(text.contains("kinference_proxy_cost_usd_total{"), "{text}");
@@ -473,14 +759,15 @@ mod tests {
             pool: "qwen-3.6-27b".into(),
             service_class: "Standard".into(),
         };
-        m.observe_prediction(&l, "127.0.0.1:8003", 0.3, 0.2);
-        m.rule_decisions(
+        m.http.observe_prediction(&l, "127.0.0.1:8003", 0.3, 0.2);
+        m.route.rule_decisions(
             "team-a/chat",
             "glm-5.3",
             "qwen-3.6-27b",
             ["low-complexity-may-use-qwen"].into_iter(),
         );
-        m.rule_decisions("team-a/chat", "glm-5.3", "glm-5.3", std::iter::empty());
+        m.route
+            .rule_decisions("team-a/chat", "glm-5.3", "glm-5.3", std::iter::empty());
         let text = m.encode();
         let ep = r#"{pool="qwen-3.6-27b",model="qwen-3.6-27b",endpoint="127.0.0.1:8003"}"#;
         for family in [
@@ -511,11 +798,11 @@ mod tests {
     #[test]
     fn capture_families_count_connections_and_forward_errors() {
         let m = Metrics::new();
-        m.connection("inference_target");
-        m.connection("inference_target");
-        m.connection("forwarded");
-        m.forward_error("connect");
-        m.target_evictions.inc();
+        m.server.connection("inference_target");
+        m.server.connection("inference_target");
+        m.server.connection("forwarded");
+        m.server.forward_error("connect");
+        m.server.target_evictions.inc();
         let text = m.encode();
         assert!(
             text.contains(r#"kinference_proxy_connections_total{served="inference_target"} 2"#),

@@ -1,10 +1,9 @@
 //! The outbound listener: where the application's OpenAI requests arrive.
 //!
 //! One port speaks HTTP/1.1 and HTTP/2 cleartext (hyper-util's `auto` builder). Each request goes
-//! through a small tower stack: the request id layer (taken from `x-request-id` or made, and put on
-//! the response), then [`OpenAi`], which checks method and content type, reads the body once up to
-//! the limit, parses it, and hands the typed request to the inference layer. Every request is
-//! answered, with an OpenAI error object when it cannot be served.
+//! through its target's stack (`crate::stack`), whose first layer is the request id layer here
+//! (taken from `x-request-id` or made, and put on the response). Every request is answered, with an
+//! OpenAI error object when it cannot be served.
 //!
 //! Which stack serves a connection depends on where the app was calling ([`serve_outbound`]): a
 //! connection iptables redirected here keeps its original destination, and is served by that
@@ -12,22 +11,20 @@
 //! TCP when it has none; a connection to the listener itself (direct use) is served by the stack
 //! of the configured default target. Each accepted connection is counted by how it was served
 //! (`kinference_proxy_connections_total`), and each failed forward by why.
+//!
+//! Connections are bounded ([`ConnLimits`]): at most `max_connections` at once (one more is
+//! closed as soon as it is accepted, and counted as `over_limit`), HTTP/1.1 request headers must
+//! arrive within the header read timeout (which also closes a keep-alive connection idle that
+//! long: hyper starts the timer when it waits for the next request), and HTTP/2 connections are
+//! pinged and closed when the peer stops answering.
 
 pub mod orig_dst;
 pub mod targets;
 
-use crate::{
-    dispatch::{Attempt, DispatchService, UpstreamBody},
-    inference::{self, ProxyBody, ProxyRequest, REQUEST_ID, Shared, error_response, full},
-    openai::{ApiError, Endpoint, InferenceRequest},
-};
-use bytes::Bytes;
-use http::{Method, header};
-use http_body::Body;
-use http_body_util::{BodyExt, Limited};
+use crate::body::{ProxyBody, REQUEST_ID};
 use hyper::body::Incoming;
 use hyper_util::{
-    rt::{TokioExecutor, TokioIo},
+    rt::{TokioExecutor, TokioIo, TokioTimer},
     server::conn::auto,
     service::TowerToHyperService,
 };
@@ -37,7 +34,6 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
-    time::Instant,
 };
 use tokio::net::{TcpListener, TcpStream};
 
@@ -46,8 +42,7 @@ use self::{
     targets::{Resolve, Route, Targets},
 };
 
-/// The header that may name the tenant when the operator allows it.
-pub const TENANT_HEADER: &str = "x-kinference-tenant";
+pub use crate::front::TENANT_HEADER;
 
 /// The request id of a request, set by [`RequestIdLayer`].
 #[derive(Clone, Debug)]
@@ -110,240 +105,63 @@ where
     }
 }
 
-/// The OpenAI front: method, content type, body limit, parse, then the inference layer.
+/// How a listener bounds its connections.
 #[derive(Clone, Debug)]
-pub struct OpenAi<S> {
-    shared: Arc<Shared>,
-    inference: inference::Inference<S>,
-    dispatch: S,
-    body_limit_bytes: usize,
-    allow_tenant_header: bool,
-    tenant: String,
+pub struct ConnLimits {
+    /// An HTTP/1.1 connection's next request headers must arrive within this (slow clients and
+    /// idle keep-alive connections are closed).
+    pub header_read_timeout: std::time::Duration,
+    /// HTTP/2 connections are pinged this often, and closed when a ping goes unanswered as long.
+    pub h2_keepalive: std::time::Duration,
+    /// Connections served at once.
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
-impl<S> OpenAi<S> {
+impl ConnLimits {
     pub fn new(
-        shared: Arc<Shared>,
-        dispatch: S,
-        body_limit_bytes: usize,
-        allow_tenant_header: bool,
-        tenant: String,
-    ) -> Self
-    where
-        S: Clone,
-    {
-        let inference = tower::Layer::layer(
-            &inference::InferenceLayer::new(shared.clone()),
-            dispatch.clone(),
-        );
+        header_read_timeout: std::time::Duration,
+        h2_keepalive: std::time::Duration,
+        max_connections: usize,
+    ) -> Self {
         Self {
-            shared,
-            inference,
-            dispatch,
-            body_limit_bytes,
-            allow_tenant_header,
-            tenant,
+            header_read_timeout,
+            h2_keepalive,
+            slots: Arc::new(tokio::sync::Semaphore::new(max_connections.max(1))),
         }
+    }
+
+    /// A slot for one more connection, if there is one.
+    fn admit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().ok()
+    }
+
+    /// The HTTP/1.1 and HTTP/2 server, bounded.
+    fn builder(&self) -> auto::Builder<TokioExecutor> {
+        let mut b = auto::Builder::new(TokioExecutor::new());
+        b.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_read_timeout);
+        b.http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(self.h2_keepalive)
+            .keep_alive_timeout(self.h2_keepalive);
+        b
     }
 }
 
-impl<S, RB, B> tower::Service<http::Request<RB>> for OpenAi<S>
-where
-    // The projection names `B` for the impl; the rest of the bounds are `DispatchService`'s.
-    S: DispatchService<B> + tower::Service<Attempt, Response = http::Response<B>> + Sync,
-    B: UpstreamBody,
-    RB: Body<Data = Bytes> + Send + 'static,
-    RB::Error: std::error::Error + Send + Sync + 'static,
-{
-    type Response = http::Response<ProxyBody>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<RB>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { Ok(this.handle(req).await) })
-    }
-}
-
-fn models_list(shared: &Shared) -> Result<http::Response<ProxyBody>, ApiError> {
-    let Some(state) = shared.policy() else {
-        return Err(ApiError::unavailable(
-            "no inference policy has been received from the controller yet",
-        ));
-    };
-    let p = &state.policy;
-    let mut data: Vec<serde_json::Value> = p
-        .models
-        .iter()
-        .map(|m| {
-            serde_json::json!({"id": m.name, "object": "model", "created": 0, "owned_by": "kinference"})
-        })
-        .collect();
-    let mut aliases: Vec<(&String, &String)> = p.aliases.iter().collect();
-    aliases.sort();
-    for (name, _) in aliases {
-        if let Some(m) = p.resolve(name) {
-            data.push(serde_json::json!({"id": name, "object": "model", "created": 0, "owned_by": "kinference", "root": m.name}));
-        }
-    }
-    let body = serde_json::json!({"object": "list", "data": data}).to_string();
-    let mut rsp = http::Response::new(full(body));
-    rsp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    Ok(rsp)
-}
-
-impl<S> OpenAi<S> {
-    async fn handle<RB, B>(self, req: http::Request<RB>) -> http::Response<ProxyBody>
-    where
-        S: DispatchService<B>,
-        B: UpstreamBody,
-        RB: Body<Data = Bytes> + Send + 'static,
-        RB::Error: std::error::Error + Send + Sync + 'static,
-    {
-        let received_at = Instant::now();
-        let request_id = req
-            .extensions()
-            .get::<RequestId>()
-            .map_or_else(new_request_id, |r| r.0.clone());
-        let tenant = if self.allow_tenant_header {
-            req.headers()
-                .get(TENANT_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .filter(|v| !v.is_empty())
-                .unwrap_or(&self.tenant)
-                .to_string()
-        } else {
-            self.tenant.clone()
-        };
-        let labels = crate::metrics::RequestLabels {
-            tenant: tenant.clone(),
-            ..Default::default()
-        };
-        let refuse = |e: ApiError| {
-            self.shared.metrics.requests.get_or_create(&labels).inc();
-            self.shared.metrics.error(&labels, e.status.as_str());
-            error_response(&e, &request_id)
-        };
-        let path = req.uri().path().to_string();
-        let method = req.method().clone();
-        let endpoint = match path.as_str() {
-            "/v1/chat/completions" => Some(Endpoint::Chat),
-            "/v1/completions" => Some(Endpoint::Completion),
-            "/v1/models" => {
-                if method != Method::GET {
-                    return refuse(ApiError::method_not_allowed(&method, &path));
-                }
-                return models_list(&self.shared).unwrap_or_else(refuse);
-            }
-            p if p.starts_with("/v1/") => None,
-            _ => return refuse(ApiError::not_found(&path)),
-        };
-        if endpoint.is_some() && method != Method::POST {
-            return refuse(ApiError::method_not_allowed(&method, &path));
-        }
-        if let Some(id) = path.strip_prefix("/v1/models/") {
-            return match self.shared.policy() {
-                Some(state) if state.policy.resolve(id).is_some() => {
-                    let body = serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "kinference"});
-                    let mut rsp = http::Response::new(full(body.to_string()));
-                    rsp.headers_mut().insert(
-                        header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/json"),
-                    );
-                    rsp
-                }
-                Some(_) => refuse(ApiError::unknown_model(id)),
-                None => refuse(ApiError::unavailable(
-                    "no inference policy has been received from the controller yet",
-                )),
-            };
-        }
-        let has_body = method == Method::POST || method == Method::PUT || method == Method::PATCH;
-        if has_body {
-            let content_type = req
-                .headers()
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok());
-            let json = content_type.is_some_and(|ct| {
-                ct.split(';')
-                    .next()
-                    .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
-            });
-            if !json && endpoint.is_some() {
-                return refuse(ApiError::unsupported_media_type(content_type));
-            }
-            let declared = req
-                .headers()
-                .get(header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            if declared.is_some_and(|n| n > self.body_limit_bytes as u64) {
-                return refuse(ApiError::too_large(self.body_limit_bytes));
-            }
-        }
-        let (head, body) = req.into_parts();
-        let bytes = match Limited::new(body, self.body_limit_bytes).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                return refuse(ApiError::too_large(self.body_limit_bytes));
-            }
-            Err(e) => return refuse(ApiError::bad_request(format!("cannot read the body: {e}"))),
-        };
-        match endpoint {
-            Some(endpoint) => {
-                let request = match InferenceRequest::parse(endpoint, bytes) {
-                    Ok(r) => r,
-                    Err(e) => return refuse(e),
-                };
-                let req = ProxyRequest {
-                    head,
-                    request,
-                    request_id,
-                    tenant,
-                    received_at,
-                };
-                match tower::ServiceExt::oneshot(self.inference.clone(), req).await {
-                    Ok(rsp) => rsp,
-                    Err(never) => match never {},
-                }
-            }
-            None => {
-                let model = serde_json::from_slice::<serde_json::Value>(&bytes)
-                    .ok()
-                    .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string));
-                let Some(model) = model else {
-                    return refuse(ApiError::bad_field(
-                        "model",
-                        format!(
-                            "{path} is forwarded to a model's pool: the JSON body must name `model`"
-                        ),
-                    ));
-                };
-                inference::forward_other(
-                    self.shared.clone(),
-                    self.dispatch.clone(),
-                    head,
-                    bytes,
-                    model,
-                    request_id,
-                    tenant,
-                    received_at,
-                )
-                .await
-            }
-        }
+impl Default for ConnLimits {
+    /// 30 s for headers (hyper's own default), pings every 20 s, 4,096 connections.
+    fn default() -> Self {
+        Self::new(
+            std::time::Duration::from_secs(30),
+            std::time::Duration::from_secs(20),
+            4096,
+        )
     }
 }
 
 /// Serves the outbound listener, all connections by one stack, until the task is dropped.
-pub async fn serve<S>(listener: TcpListener, service: S)
+pub async fn serve<S>(listener: TcpListener, service: S, limits: ConnLimits)
 where
     S: tower::Service<
             http::Request<Incoming>,
@@ -356,7 +174,15 @@ where
 {
     loop {
         let (stream, peer) = accept(&listener).await;
-        tokio::spawn(serve_http(stream, peer, service.clone()));
+        let Some(permit) = limits.admit() else {
+            tracing::debug!(%peer, "connection limit reached; closing");
+            continue;
+        };
+        let (service, limits) = (service.clone(), limits.clone());
+        tokio::spawn(async move {
+            serve_http(stream, peer, service, &limits).await;
+            drop(permit);
+        });
     }
 }
 
@@ -370,7 +196,8 @@ pub struct Outbound<S, R, O> {
     /// How long to connect to a forwarded connection's destination.
     pub connect_timeout: std::time::Duration,
     /// Where connections are counted (the sidecar's metrics).
-    pub metrics: crate::metrics::Metrics,
+    pub metrics: crate::metrics::ConnectionMetrics,
+    pub limits: ConnLimits,
 }
 
 impl<S, R, O> std::fmt::Debug for Outbound<S, R, O> {
@@ -398,6 +225,11 @@ where
 {
     loop {
         let (stream, peer) = accept(&listener).await;
+        let Some(permit) = outbound.limits.admit() else {
+            outbound.metrics.connection("over_limit");
+            tracing::debug!(%peer, "connection limit reached; closing");
+            continue;
+        };
         let local = match stream.local_addr() {
             Ok(a) => a,
             Err(error) => {
@@ -411,16 +243,18 @@ where
         });
         let outbound = outbound.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let metrics = &outbound.metrics;
+            let limits = &outbound.limits;
             match Destination::of(local, orig) {
                 Destination::Direct => {
                     metrics.connection("direct");
-                    serve_http(stream, peer, outbound.direct.clone()).await;
+                    serve_http(stream, peer, outbound.direct.clone(), limits).await;
                 }
                 Destination::Redirected(dst) => match outbound.targets.route(dst).await {
                     Route::Inference(svc, lease) => {
                         metrics.connection("inference_target");
-                        serve_http(stream, peer, svc).await;
+                        serve_http(stream, peer, svc, limits).await;
                         // The target's stack may be evicted once no connection holds it.
                         drop(lease);
                     }
@@ -451,9 +285,13 @@ async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
     }
 }
 
-/// Serves one connection's HTTP/1.1 or h2c requests with `service`.
-async fn serve_http<S>(stream: TcpStream, peer: std::net::SocketAddr, service: S)
-where
+/// Serves one connection's HTTP/1.1 or h2c requests with `service`, within `limits`.
+async fn serve_http<S>(
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    service: S,
+    limits: &ConnLimits,
+) where
     S: tower::Service<
             http::Request<Incoming>,
             Response = http::Response<ProxyBody>,
@@ -464,7 +302,8 @@ where
     S::Future: Send + 'static,
 {
     let svc = TowerToHyperService::new(service);
-    if let Err(error) = auto::Builder::new(TokioExecutor::new())
+    if let Err(error) = limits
+        .builder()
         .serve_connection(TokioIo::new(stream), svc)
         .await
     {
@@ -496,4 +335,104 @@ async fn forward(
         return Err("io");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::body::full;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A listener serving `200 ok` within `limits`, and its address.
+    async fn listen(limits: ConnLimits) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let svc = tower::service_fn(|_req: http::Request<Incoming>| async {
+            Ok::<_, Infallible>(http::Response::new(full("ok")))
+        });
+        tokio::spawn(serve(listener, svc, limits));
+        addr
+    }
+
+    /// Reads until the peer closes; the bytes read.
+    async fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out).await;
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_never_finishes_its_headers_is_closed_at_the_timeout() {
+        let addr = listen(ConnLimits::new(
+            Duration::from_secs(5),
+            Duration::from_secs(20),
+            16,
+        ))
+        .await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        // A slowloris: part of a request line, and then nothing.
+        s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let _ = read_to_close(&mut s).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_keep_alive_connection_is_closed_at_the_header_timeout() {
+        let addr = listen(ConnLimits::new(
+            Duration::from_secs(5),
+            Duration::from_secs(20),
+            16,
+        ))
+        .await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        // Kept alive, then idle: closed when the wait for its next request times out.
+        let started = tokio::time::Instant::now();
+        let _ = read_to_close(&mut s).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_limit_are_closed_at_once() {
+        let addr = listen(ConnLimits::new(
+            Duration::from_secs(30),
+            Duration::from_secs(20),
+            2,
+        ))
+        .await;
+        let held = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        // Give the accept loop the two (they hold the slots while open).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        third
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .ok();
+        assert!(
+            read_to_close(&mut third).await.is_empty(),
+            "closed unanswered"
+        );
+        // A slot freed is a slot again.
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut fourth = TcpStream::connect(addr).await.unwrap();
+        fourth
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_to_close(&mut fourth).await;
+        assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"));
+    }
 }

@@ -1,5 +1,5 @@
 //! Endpoint signals: one scraper per endpoint, and one KV-event subscriber per endpoint whose pool
-//! publishes them, feeding the balancer.
+//! publishes them, feeding the router.
 //!
 //! The TTFT prediction needs each endpoint's queue, running batch, KV-cache usage and cache
 //! configuration, fresh. A task per endpoint scrapes its `/metrics` on an interval (each scrape
@@ -9,7 +9,9 @@
 //! `GET /load` (requests the API server holds, counted on arrival with
 //! `--enable-server-load-tracking`): the scheduler's gauges change only when an engine step ends,
 //! so during a long prefill step they miss what other proxies sent meanwhile, and `/load` does not.
-//! An endpoint that answers 404 is not asked again.
+//! An endpoint that answers 404 is not asked again. Its context window (`max_model_len` in
+//! `GET /v1/models`) is asked once it answers and every few minutes after, so that a prompt
+//! longer than every candidate's window is refused before it is hashed or sent.
 //!
 //! Where the policy says a pool's endpoints publish vLLM KV events, a second task per endpoint
 //! subscribes to its ZMQ publisher and applies each batch to the router's precise prefix index.
@@ -18,22 +20,27 @@
 //! an endpoint that must prefill them after all.
 
 use crate::{
-    balance::{Balance, EndpointInfo, KvSubscription},
-    metrics::{KvErrorLabels, Metrics, PoolLabels},
+    endpoints::{EndpointInfo, EndpointTable, KvSubscription},
+    metrics::{KvErrorLabels, PoolLabels, SignalMetrics},
+    router::RouterHandle,
 };
 use kinference_proxy_signals::{
     KvEventError, KvEventsConfig, ScrapeError, Scraper, VllmMetrics, subscribe_kv_events_with,
 };
+use kinference_routing::KvEvent;
 use kinference_routing::{
     EndpointId, Scrape,
     endpoint::{CacheConfig, PrefixCacheCounters},
 };
-use std::{
-    collections::HashMap,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, time::Duration};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// How often an endpoint's context window is asked again once known.
+const MODELS_INTERVAL: Duration = Duration::from_secs(300);
+
+/// The longest wait before asking again after a failed or windowless answer.
+const MODELS_RETRY: Duration = Duration::from_secs(5);
 
 /// Converts a parsed vLLM scrape into the router's scrape.
 pub fn to_scrape(m: &VllmMetrics) -> Scrape {
@@ -71,14 +78,15 @@ pub fn to_scrape(m: &VllmMetrics) -> Scrape {
 
 /// Keeps one scraper per endpoint until the returned task is dropped or aborted.
 pub fn spawn(
-    balance: Arc<Balance>,
-    metrics: Metrics,
+    endpoints: EndpointTable,
+    router: RouterHandle,
+    metrics: SignalMetrics,
     interval: Duration,
     timeout: Duration,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let scraper = Scraper::new(timeout);
-        let mut rx = balance.subscribe();
+        let mut rx = endpoints.subscribe();
         let mut tasks: HashMap<EndpointId, (EndpointInfo, Tasks)> = HashMap::new();
         loop {
             let current = rx.borrow_and_update().clone();
@@ -95,14 +103,21 @@ pub fn spawn(
                 }
                 let task = Tasks {
                     scrape: tokio::spawn(scrape_loop(
-                        balance.clone(),
+                        endpoints.clone(),
+                        router.clone(),
                         metrics.clone(),
                         scraper.clone(),
                         e.clone(),
                         interval,
                     )),
                     kv_events: e.kv_events.clone().map(|sub| {
-                        tokio::spawn(kv_loop(balance.clone(), metrics.clone(), e.clone(), sub))
+                        tokio::spawn(kv_loop(
+                            endpoints.clone(),
+                            router.clone(),
+                            metrics.clone(),
+                            e.clone(),
+                            sub,
+                        ))
                     }),
                 };
                 tasks.insert(e.id.clone(), (e.clone(), task));
@@ -142,8 +157,9 @@ impl Tasks {
 
 /// Applies one endpoint's KV events until aborted (dropping the receiver stops the subscriber).
 async fn kv_loop(
-    balance: Arc<Balance>,
-    metrics: Metrics,
+    table: EndpointTable,
+    router: RouterHandle,
+    metrics: SignalMetrics,
     endpoint: EndpointInfo,
     sub: KvSubscription,
 ) {
@@ -157,7 +173,9 @@ async fn kv_loop(
         match item {
             Ok(events) => {
                 metrics.kv_event_batches.get_or_create(&labels).inc();
-                balance.apply_kv_events(&endpoint.id, &events);
+                if router.apply_kv_events(&endpoint.id, &events) {
+                    table.record_kv_batch(&endpoint.id, &events, router.now());
+                }
             }
             Err(error) => {
                 metrics
@@ -169,7 +187,13 @@ async fn kv_loop(
                     })
                     .inc();
                 tracing::debug!(endpoint = %endpoint.id, %error, "KV event stream");
-                balance.kv_events_failed(&endpoint.id, &error);
+                // Lost events make the mirror inexact: it is cleared (under-stating the overlap
+                // until new events arrive is safe; over-stating it is not).
+                let lost = error.events_lost();
+                if lost {
+                    router.apply_kv_events(&endpoint.id, &[KvEvent::AllBlocksCleared]);
+                }
+                table.record_kv_error(&endpoint.id, error.to_string(), lost);
             }
         }
     }
@@ -185,8 +209,9 @@ fn kv_error_reason(e: &KvEventError) -> &'static str {
 }
 
 async fn scrape_loop(
-    balance: Arc<Balance>,
-    metrics: Metrics,
+    table: EndpointTable,
+    router: RouterHandle,
+    metrics: SignalMetrics,
     scraper: Scraper,
     endpoint: EndpointInfo,
     interval: Duration,
@@ -199,6 +224,12 @@ async fn scrape_loop(
     };
     // vLLM's `GET /load` is polled with every scrape until the endpoint says it has no such route.
     let mut poll_load = true;
+    // Its context window (`GET /v1/models`), asked until it answers and again every
+    // `MODELS_INTERVAL` (a restarted engine may serve another length); not again after a 404.
+    let models_url = format!("http://{}/v1/models", endpoint.addr)
+        .parse::<http::Uri>()
+        .ok();
+    let mut models_due = Some(Instant::now());
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -225,12 +256,33 @@ async fn scrape_loop(
             }
             None => None,
         };
+        if let (Some(url), Some(due)) = (&models_url, models_due)
+            && started >= due
+        {
+            models_due = match scraper.max_model_len(url).await {
+                Ok(Some(n)) => {
+                    table.record_context_window(&endpoint.id, n);
+                    Some(started + MODELS_INTERVAL)
+                }
+                Ok(None) => Some(started + MODELS_RETRY),
+                Err(ScrapeError::Status { status, .. })
+                    if status == http::StatusCode::NOT_FOUND =>
+                {
+                    None
+                }
+                Err(error) => {
+                    tracing::debug!(endpoint = %endpoint.id, %error, "GET /v1/models failed");
+                    Some(started + interval.min(MODELS_RETRY))
+                }
+            };
+        }
         match scraped {
             Ok(m) => {
                 // Stamped with when the scrape was sent: the values are at least that old.
                 let mut scrape = to_scrape(&m);
                 scrape.server_load = server_load;
-                balance.observe_scrape(&endpoint.id, &scrape, balance.time_of(started));
+                let at = router.clock().time_of(started);
+                router.observe_scrape(&endpoint.id, &scrape, at);
             }
             Err(error) => {
                 metrics

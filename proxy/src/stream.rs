@@ -8,15 +8,26 @@
 //! non-stream response, the usage object is read from a bounded copy of the body. If the upstream
 //! fails mid-stream, the client gets an SSE `error` event and a clean end instead of a cut
 //! connection. When the body ends (or the client goes away) the [`Hooks`] hear how it went.
+//!
+//! The body also keeps the request's [`Deadlines`]: a stream whose first token does not come in
+//! time, that sends nothing for the idle timeout, or that outlives the request's bound ends the
+//! same way, with an SSE `error` event naming the timeout (a non-stream body is cut with an
+//! error); nothing waits on a wedged endpoint without a bound.
 
-use crate::openai::Usage;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
+use kinference_openai::Usage;
+use serde_json::value::RawValue;
 use std::{
+    future::Future,
     pin::Pin,
     task::{Context, Poll},
-    time::{Duration, Instant},
+    time::Duration,
 };
+use tokio::time::Instant;
+
+#[doc(hidden)]
+pub mod fuzzing;
 
 /// The error type of bodies the proxy serves.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -31,6 +42,8 @@ pub struct Summary {
     pub upstream_error: Option<String>,
     /// The body was dropped before its end (the client went away).
     pub cancelled: bool,
+    /// The first choice's text, when the body was asked to keep it ([`ObservedBody::capture`]).
+    pub answer: Option<String>,
 }
 
 /// Told what the body sees.
@@ -43,8 +56,22 @@ pub trait Hooks: Send + 'static {
     fn end(&mut self, summary: Summary);
 }
 
+/// When a body must have made progress (tokio instants).
+#[derive(Copy, Clone, Debug)]
+pub struct Deadlines {
+    /// The first token must have arrived by then (streams only).
+    pub first_token: Option<Instant>,
+    /// Nothing may be silent for longer than this.
+    pub idle: Duration,
+    /// The whole body must be over by then.
+    pub end: Instant,
+}
+
 /// The most of a non-stream body kept to read its usage.
 const MAX_KEPT_BYTES: usize = 4 * 1024 * 1024;
+
+/// The most of an answer's text kept for its judge.
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// A response body observed on its way to the client.
 pub struct ObservedBody<B> {
@@ -56,6 +83,12 @@ pub struct ObservedBody<B> {
     last_token_at: Option<Instant>,
     summary: Summary,
     done: bool,
+    deadlines: Option<Deadlines>,
+    /// When the endpoint last sent anything.
+    last_frame_at: Instant,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Keeps the answer's text (a sampled request's, for its judge).
+    capture: bool,
 }
 
 impl<B> std::fmt::Debug for ObservedBody<B> {
@@ -77,7 +110,41 @@ impl<B> ObservedBody<B> {
             last_token_at: None,
             summary: Summary::default(),
             done: false,
+            deadlines: None,
+            last_frame_at: Instant::now(),
+            timer: None,
+            capture: false,
         }
+    }
+
+    /// Keeps the first choice's text (up to [`MAX_ANSWER_BYTES`]) for [`Summary::answer`].
+    pub fn capture(mut self) -> Self {
+        self.capture = true;
+        self
+    }
+
+    /// Bounds the body by `deadlines`.
+    pub fn with_deadlines(mut self, deadlines: Deadlines) -> Self {
+        self.deadlines = Some(deadlines);
+        self
+    }
+
+    /// The earliest deadline still ahead, and what it is.
+    fn next_deadline(&self) -> Option<(Instant, &'static str)> {
+        let d = self.deadlines?;
+        let mut next = (
+            self.last_frame_at + d.idle,
+            "the endpoint sent nothing for the stream idle timeout",
+        );
+        if d.end < next.0 {
+            next = (d.end, "the request outlived its timeout");
+        }
+        if let Some(first) = d.first_token.filter(|_| self.last_token_at.is_none())
+            && first < next.0
+        {
+            next = (first, "no first token within its timeout");
+        }
+        Some(next)
     }
 
     fn observe(&mut self, data: &[u8], now: Instant) {
@@ -102,25 +169,38 @@ impl<B> ObservedBody<B> {
         let Ok(text) = std::str::from_utf8(event) else {
             return;
         };
-        let data: String = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(str::trim_start)
-            .collect::<Vec<_>>()
-            .join("\n");
+        // One `data:` line, as servers send: borrowed; several are joined, as SSE defines.
+        let mut lines = text.lines().filter_map(|l| l.strip_prefix("data:"));
+        let data: std::borrow::Cow<'_, str> = match (lines.next(), lines.next()) {
+            (None, _) => return,
+            (Some(one), None) => one.trim_start().into(),
+            (Some(first), Some(second)) => {
+                let mut joined = format!("{}\n{}", first.trim_start(), second.trim_start());
+                for l in lines {
+                    joined.push('\n');
+                    joined.push_str(l.trim_start());
+                }
+                joined.into()
+            }
+        };
         if data.is_empty() || data == "[DONE]" {
             return;
         }
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&data) else {
+        if self.capture
+            && let Ok(v) = serde_json::from_str::<serde_json::Value>(&data)
+            && let Some(piece) = crate::guard::delta_text(&v)
+        {
+            let answer = self.summary.answer.get_or_insert_with(String::new);
+            if answer.len() + piece.len() <= MAX_ANSWER_BYTES {
+                answer.push_str(piece);
+            }
+        }
+        let Some((usage, has_output)) = read_event(&data) else {
             return;
         };
-        if let Some(u) = v.get("usage").and_then(Usage::from_json) {
+        if let Some(u) = usage {
             self.summary.usage = Some(u);
         }
-        let has_output = v
-            .get("choices")
-            .and_then(|c| c.as_array())
-            .is_some_and(|c| c.iter().any(carries_output));
         if has_output {
             self.summary.token_events += 1;
             match self.last_token_at {
@@ -141,13 +221,138 @@ impl<B> ObservedBody<B> {
 
     fn finish(&mut self) {
         if !self.stream && !self.buf.is_empty() {
-            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&self.buf) {
-                self.summary.usage = v.get("usage").and_then(Usage::from_json);
+            self.summary.usage = read_usage(&self.buf);
+            if self.capture {
+                self.summary.answer = serde_json::from_slice::<serde_json::Value>(&self.buf)
+                    .ok()
+                    .as_ref()
+                    .and_then(crate::guard::answer_text)
+                    .filter(|a| a.len() <= MAX_ANSWER_BYTES);
             }
             self.buf.clear();
         }
         if let Some(mut h) = self.hooks.take() {
             h.end(std::mem::take(&mut self.summary));
+        }
+    }
+}
+
+/// What the proxy reads of one streamed event: its usage, and whether any choice carries output.
+///
+/// Read without building a JSON tree: only the fields looked at are deserialized, the rest are
+/// skipped (and text deltas stay borrowed). An event of another shape is read the slow way, as a
+/// tree, so an unusual but valid event is never misread.
+fn read_event(data: &str) -> Option<(Option<Usage>, bool)> {
+    #[derive(serde::Deserialize)]
+    struct Event<'a> {
+        #[serde(borrow, default)]
+        choices: Option<Vec<Choice<'a>>>,
+        #[serde(default)]
+        usage: Option<WireUsage>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Choice<'a> {
+        #[serde(borrow, default)]
+        text: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        delta: Option<Delta<'a>>,
+        #[serde(borrow, default)]
+        finish_reason: Option<&'a RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Delta<'a> {
+        #[serde(borrow, default)]
+        content: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        reasoning_content: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        reasoning: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        tool_calls: Option<&'a RawValue>,
+    }
+    // Present, and neither null, "" nor an empty array (which a server may write `[ ]`).
+    let non_empty = |v: Option<&RawValue>| {
+        v.is_some_and(|v| {
+            let v = v.get().trim();
+            let empty_array = v
+                .strip_prefix('[')
+                .and_then(|v| v.strip_suffix(']'))
+                .is_some_and(|inner| inner.trim().is_empty());
+            !(v == "null" || v == "\"\"" || empty_array)
+        })
+    };
+    match serde_json::from_str::<Event<'_>>(data) {
+        Ok(e) => {
+            let has_output = e.choices.iter().flatten().any(|c| {
+                let d = c.delta.as_ref();
+                non_empty(c.text)
+                    || non_empty(d.and_then(|d| d.content))
+                    || non_empty(d.and_then(|d| d.reasoning_content))
+                    || non_empty(d.and_then(|d| d.reasoning))
+                    || non_empty(d.and_then(|d| d.tool_calls))
+                    || non_empty(c.finish_reason)
+            });
+            Some((e.usage.map(WireUsage::into_usage), has_output))
+        }
+        Err(_) => read_event_tree(data),
+    }
+}
+
+/// [`read_event`] the slow way, from a JSON tree: what the fast path must agree with.
+fn read_event_tree(data: &str) -> Option<(Option<Usage>, bool)> {
+    let v = serde_json::from_str::<serde_json::Value>(data).ok()?;
+    let usage = v.get("usage").and_then(Usage::from_json);
+    let has_output = v
+        .get("choices")
+        .and_then(|c| c.as_array())
+        .is_some_and(|c| c.iter().any(carries_output));
+    Some((usage, has_output))
+}
+
+/// The `usage` of a whole (non-stream) response body, read as [`read_event`] reads events.
+fn read_usage(body: &[u8]) -> Option<Usage> {
+    #[derive(serde::Deserialize)]
+    struct Whole {
+        #[serde(default)]
+        usage: Option<WireUsage>,
+    }
+    match serde_json::from_slice::<Whole>(body) {
+        Ok(w) => w.usage.map(WireUsage::into_usage),
+        Err(_) => read_usage_tree(body),
+    }
+}
+
+/// [`read_usage`] the slow way, from a JSON tree: what the fast path must agree with.
+fn read_usage_tree(body: &[u8]) -> Option<Usage> {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()?
+        .get("usage")
+        .and_then(Usage::from_json)
+}
+
+/// An OpenAI `usage` object, as servers send it.
+#[derive(serde::Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<WireDetails>,
+}
+
+#[derive(serde::Deserialize)]
+struct WireDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    fn into_usage(self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            cached_tokens: self.prompt_tokens_details.and_then(|d| d.cached_tokens),
         }
     }
 }
@@ -185,14 +390,15 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
     }
 }
 
-/// The SSE event sent when the upstream fails mid-stream.
-pub fn error_event(message: &str) -> Bytes {
+/// The SSE event sent when the upstream fails mid-stream (`code` `upstream_stream_failed`) or
+/// the stream times out (`timeout`).
+pub fn error_event(message: &str, code: &str) -> Bytes {
     let v = serde_json::json!({
         "error": {
             "message": message,
             "type": "upstream_error",
             "param": null,
-            "code": "upstream_stream_failed",
+            "code": code,
         }
     });
     Bytes::from(format!("data: {v}\n\n"))
@@ -215,10 +421,34 @@ where
             return Poll::Ready(None);
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                let Some((at, why)) = this.next_deadline() else {
+                    return Poll::Pending;
+                };
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+                if timer.deadline() != at {
+                    timer.as_mut().reset(at);
+                }
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                this.done = true;
+                let message = format!("the request timed out: {why}");
+                this.summary.upstream_error = Some(message.clone());
+                this.finish();
+                if this.stream {
+                    Poll::Ready(Some(Ok(Frame::data(error_event(&message, "timeout")))))
+                } else {
+                    Poll::Ready(Some(Err(message.into())))
+                }
+            }
             Poll::Ready(Some(Ok(frame))) => {
+                let now = Instant::now();
+                this.last_frame_at = now;
                 if let Some(data) = frame.data_ref() {
-                    this.observe(data, Instant::now());
+                    this.observe(data, now);
                 }
                 // A body of known length is over with its last byte: the server stops polling
                 // and drops it there, which must not read as the client going away.
@@ -234,7 +464,10 @@ where
                 this.summary.upstream_error = Some(message.clone());
                 this.finish();
                 if this.stream {
-                    Poll::Ready(Some(Ok(Frame::data(error_event(&message)))))
+                    Poll::Ready(Some(Ok(Frame::data(error_event(
+                        &message,
+                        "upstream_stream_failed",
+                    )))))
                 } else {
                     Poll::Ready(Some(Err(message.into())))
                 }
@@ -343,7 +576,7 @@ mod tests {
             Some(Usage {
                 prompt_tokens: 7,
                 completion_tokens: 2,
-                cached_tokens: 4
+                cached_tokens: Some(4)
             })
         );
         assert!(!end.cancelled);
@@ -433,5 +666,40 @@ mod tests {
         let s = seen.lock();
         assert_eq!(s.ends, 1);
         assert!(s.end.as_ref().unwrap().cancelled);
+    }
+
+    /// vLLM 0.32 sends `prompt_tokens_details: null` without `--enable-prompt-tokens-details`
+    /// (recorded in `proxy/signals/tests/fixtures/vllm-0.32.0/default`): no cached-token figure,
+    /// which the observe layer tells from a reported zero.
+    #[test]
+    fn usage_without_prompt_tokens_details_has_no_cached_figure() {
+        let body = br#"{"usage":{"prompt_tokens":304,"total_tokens":308,"completion_tokens":4,"prompt_tokens_details":null,"completion_tokens_details":null}}"#;
+        let u = read_usage(body).unwrap();
+        assert_eq!((u.prompt_tokens, u.cached_tokens), (304, None));
+        assert_eq!(read_usage_tree(body), Some(u));
+        let body = br#"{"usage":{"prompt_tokens":304,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":0,"created_cache_tokens":null,"multimodal_tokens":null}}}"#;
+        assert_eq!(read_usage(body).unwrap().cached_tokens, Some(0));
+        assert_eq!(read_usage(body), read_usage_tree(body));
+        let event = r#"{"choices":[],"usage":{"prompt_tokens":304,"completion_tokens":4}}"#;
+        assert_eq!(read_event(event).unwrap().0.unwrap().cached_tokens, None);
+        assert_eq!(read_event(event), read_event_tree(event));
+    }
+
+    /// Found while writing the `sse` fuzz target's differential property (the fast reader against
+    /// the JSON tree): the fast reader took an empty array written with a space
+    /// (`"content": [ ]`) for output, where the tree does not.
+    #[test]
+    fn an_empty_array_with_spaces_is_not_output() {
+        for event in [
+            r#"{"choices":[{"delta":{"content":[ ]}}]}"#,
+            r#"{"choices":[{"text":[
+]}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[	]},"finish_reason":null}]}"#,
+        ] {
+            assert_eq!(read_event(event), Some((None, false)), "{event}");
+            assert_eq!(read_event(event), read_event_tree(event), "{event}");
+        }
+        let output = r#"{"choices":[{"delta":{"tool_calls":[ {"index": 0} ]}}]}"#;
+        assert_eq!(read_event(output), Some((None, true)));
     }
 }

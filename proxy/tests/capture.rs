@@ -18,15 +18,19 @@
 //! connection holds them, and they are evicted once idle (`target_evictions_total`); a call after
 //! that is served by a new stack.
 //!
-//! Needs root, `ip` (iproute2), `iptables` and `setpriv` (util-linux). It skips, saying so, only
-//! where a network namespace cannot be created. Everything it creates (namespace, veth pair and,
+//! Needs root, `ip` (iproute2), `iptables` and `setpriv` (util-linux): without them (found when
+//! the test is built, see kinference-test-prereqs) it is ignored, which nextest counts as
+//! skipped, and the guard test fails under `CI`. Where they are there but a network namespace
+//! cannot be created (a container without CAP_NET_ADMIN) it says so and passes, except under
+//! `CI`, where it fails. Everything it creates (namespace, veth pair and,
 //! with the namespace, its iptables rules) is removed when it ends, pass or fail; names carry the
 //! process id so parallel runs do not collide. The controller, simulator and proxy-init binaries
 //! come from the workspace test build (`cargo nextest run --workspace`).
 
 #![cfg(target_os = "linux")]
 
-use kinference_proxy::local;
+use kinference_local::poll::Deadline;
+use kinference_local::{self as local, Program, manifests};
 use serde_json::{Value, json};
 use std::{
     collections::BTreeMap,
@@ -37,7 +41,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::mpsc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 const PROXY: &str = env!("CARGO_BIN_EXE_kinference-proxy");
@@ -93,21 +97,26 @@ impl Drop for Net {
     }
 }
 
+/// `None` after saying why, outside CI; a failure under `CI`.
+fn cannot(why: &str) -> Option<Net> {
+    assert!(std::env::var_os("CI").is_none(), "CI is set and {why}");
+    eprintln!("SKIPPED: {why}");
+    None
+}
+
 /// Creates the namespace (the probe: `None` when this machine cannot) and wires it up.
 fn create_net() -> Option<Net> {
     let pid = std::process::id();
     let ns = format!("kinf-capture-{pid}");
     if let Err(e) = run("ip", &["netns", "add", &ns], &[]) {
-        eprintln!(
-            "SKIPPED: cannot create a network namespace here ({e}); the capture test needs root and `ip netns`"
-        );
-        return None;
+        return cannot(&format!(
+            "cannot create a network namespace here ({e}); the capture test needs root and `ip netns`"
+        ));
     }
     // Entering it is part of the probe (`ip netns exec` mounts a /sys of its own).
     if let Err(e) = run("ip", &["netns", "exec", &ns, "true"], &[]) {
         let _ = run("ip", &["netns", "del", &ns], &[]);
-        eprintln!("SKIPPED: cannot enter a network namespace here ({e})");
-        return None;
+        return cannot(&format!("cannot enter a network namespace here ({e})"));
     }
     // A /30 per process id, so concurrent runs use different addresses.
     let base = (pid % 16_000) * 4;
@@ -250,7 +259,7 @@ fn write_manifests(
     endpoint_ip: Ipv4Addr,
     ipv6: bool,
 ) {
-    local::write_manifests(
+    manifests::write_manifests(
         &local::workspace_root().join("examples"),
         dir,
         ports,
@@ -452,7 +461,13 @@ fn chat_body() -> String {
     .to_string()
 }
 
+kinference_test_prereqs::ci_guard!();
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_netns),
+    ignore = "needs root, ip, iptables and setpriv (apt-get install iproute2 iptables util-linux)"
+)]
 async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
     // Declared first, dropped last: the processes inside go before the namespace does.
     let Some(net) = create_net() else {
@@ -474,7 +489,7 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
     let host = ["--host".to_string(), net.root_ip.to_string()];
     let sims: Vec<local::Sim> = ["glm-5.3", "qwen-3.6-27b"]
         .iter()
-        .map(|p| local::spawn_sim(p, 10.0, &host, true).unwrap())
+        .map(|p| local::stack::spawn_sim(&Program::vllm_sim(), p, 10.0, &host, true).unwrap())
         .collect();
     let mut ports: BTreeMap<String, Vec<u16>> = BTreeMap::new();
     for s in &sims {
@@ -487,8 +502,14 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
     std::fs::create_dir(&manifests).unwrap();
     let ipv6 = net.root_ip6.is_some();
     write_manifests(&manifests, &ports, net.root_ip, ipv6);
-    let controller =
-        local::spawn_controller(&manifests, SocketAddr::from((net.root_ip, 0)), true).unwrap();
+    let controller = local::stack::spawn_controller(
+        &Program::controller(),
+        &manifests,
+        SocketAddr::from((net.root_ip, 0)),
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        true,
+    )
+    .unwrap();
     let plain = plain_server(net.root_ip);
 
     // proxy-init in the app namespace, twice: the second run must change nothing.
@@ -566,13 +587,13 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
     let (_proxy, _) = spawn_until(cmd, "kinference-proxy ");
     let admin = format!("http://{}:{ADMIN_PORT}", net.app_ip);
     let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Deadline::after(Duration::from_secs(60));
     loop {
         let ready = client.get(format!("{admin}/ready")).send().await;
         if ready.is_ok_and(|r| r.status().is_success()) {
             break;
         }
-        assert!(Instant::now() < deadline, "the proxy never became ready");
+        assert!(!deadline.passed(), "the proxy never became ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The controller's open watch streams with only the default target's stack.
@@ -763,14 +784,14 @@ async fn an_app_calling_the_service_ip_is_captured_routed_and_recorded() {
     .await;
     assert_eq!(targets["default"]["ready"], true, "{targets}");
     // Their discovery streams closed: the controller is back to the default target's.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Deadline::after(Duration::from_secs(60));
     loop {
         let open = streams_open(&client, &controller_admin).await;
         if open == baseline {
             break;
         }
         assert!(
-            Instant::now() < deadline,
+            !deadline.passed(),
             "{open} streams open at the controller after eviction, {baseline} before any redirected target"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -875,7 +896,7 @@ async fn poll_targets(
     admin: &str,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Deadline::after(Duration::from_secs(60));
     loop {
         let t: Value = client
             .get(format!("{admin}/debug/targets"))
@@ -888,10 +909,7 @@ async fn poll_targets(
         if done(&t) {
             return t;
         }
-        assert!(
-            Instant::now() < deadline,
-            "/debug/targets never got there: {t}"
-        );
+        assert!(!deadline.passed(), "/debug/targets never got there: {t}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -20,7 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 mod client;
 
 use client::ProxyClient;
-use kinference_proxy::local::{Stack, StackOptions, wait_until};
+use kinference_local::{Programs, Stack, StackOptions, poll::wait_until};
 use serde_json::{Value, json};
 use std::{
     convert::Infallible,
@@ -61,10 +61,12 @@ async fn start() -> Env {
         time_scale: 0.2,
         ..StackOptions::default()
     };
-    let stack = tokio::task::spawn_blocking(move || Stack::start(Path::new(PROXY), &opts, &|_| {}))
-        .await
-        .unwrap()
-        .expect("the local stack starts");
+    let stack = tokio::task::spawn_blocking(move || {
+        Stack::start(&Programs::with_proxy(Path::new(PROXY)), &opts, &|_| {})
+    })
+    .await
+    .unwrap()
+    .expect("the local stack starts");
     let env = Env {
         client: ProxyClient::of(&stack.proxy),
         stack,

@@ -94,7 +94,11 @@ fn every_variable_the_injector_sets_is_read_by_the_proxy() {
         assert_eq!(config.workload, "apps/web");
         assert_eq!(config.workload_kind.as_deref(), Some("Deployment"));
         assert_eq!(config.listen_addr.to_string(), "127.0.0.1:4140");
-        assert_eq!(config.admin_addr.to_string(), "0.0.0.0:4191");
+        assert_eq!(config.admin_addr.to_string(), "127.0.0.1:4191");
+        assert_eq!(
+            config.metrics_addr.map(|a| a.to_string()).as_deref(),
+            Some("0.0.0.0:4192")
+        );
         assert_eq!(
             config.controller_addr.to_string(),
             "http://kinference-policy-controller.kinference.svc.cluster.local:8090/"
@@ -129,4 +133,103 @@ fn the_check_fails_for_a_variable_the_proxy_does_not_read() {
         e.to_string().contains("KINFERENCE_PROXY_NOT_A_SETTING"),
         "{e}"
     );
+}
+
+/// A local address other than loopback (the pod's IP, as it were), if this machine has one.
+fn non_loopback_ipv4() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    // No packet is sent: connecting a UDP socket only picks the route's source address.
+    s.connect("10.255.255.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// The real proxy binary with the environment the injector sets (the ports made free ones):
+/// its admin listener, with the debug views, is on loopback only; the read-only listener on every
+/// address serves `GET /metrics`, `/ready` and `/live` and nothing else.
+#[tokio::test]
+async fn the_injected_proxy_serves_only_metrics_and_probes_off_loopback() {
+    let env = proxy_env(&injected(deployment_pod(), &[]));
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kinference-proxy"));
+    for (name, value) in &env {
+        let value = match name.as_str() {
+            "KINFERENCE_PROXY_LISTEN_ADDR" => "127.0.0.1:0".to_string(),
+            "KINFERENCE_PROXY_ADMIN_ADDR" => value.replace(":4191", ":0"),
+            "KINFERENCE_PROXY_METRICS_ADDR" => value.replace(":4192", ":0"),
+            // Nothing answers there: the proxy serves its admin views without a policy.
+            "KINFERENCE_PROXY_CONTROLLER_ADDR" => format!(
+                "http://127.0.0.1:{}",
+                kinference_local::process::free_port().unwrap()
+            ),
+            _ => value.clone(),
+        };
+        cmd.env(name, value);
+    }
+    let (_proxy, line) = kinference_local::process::Proc::spawn(
+        "kinference-proxy",
+        cmd,
+        "kinference-proxy ",
+        Duration::from_secs(30),
+        true,
+    )
+    .unwrap();
+    let admin = kinference_local::process::addr_field(&line, "admin").unwrap();
+    let metrics = kinference_local::process::addr_field(&line, "metrics").unwrap();
+    assert!(admin.ip().is_loopback(), "{line}");
+    assert!(metrics.ip().is_unspecified(), "{line}");
+
+    let client = reqwest::Client::new();
+    let status = |method: reqwest::Method, url: String| {
+        let client = client.clone();
+        async move {
+            client
+                .request(method, &url)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{url}: {e}"))
+                .status()
+                .as_u16()
+        }
+    };
+    let on = |port: u16, path: &str| format!("http://127.0.0.1:{port}{path}");
+    use reqwest::Method;
+    for path in ["/metrics", "/live"] {
+        assert_eq!(
+            status(Method::GET, on(metrics.port(), path)).await,
+            200,
+            "{path}"
+        );
+    }
+    // Not ready without a policy, on either listener alike.
+    assert_eq!(status(Method::GET, on(metrics.port(), "/ready")).await, 503);
+    for path in ["/debug/decisions", "/debug/targets", "/debug/endpoints"] {
+        assert_eq!(
+            status(Method::GET, on(metrics.port(), path)).await,
+            404,
+            "{path}"
+        );
+        assert_eq!(
+            status(Method::GET, on(admin.port(), path)).await,
+            200,
+            "{path}"
+        );
+    }
+    for path in ["/debug/explain", "/debug/classify", "/metrics"] {
+        assert_eq!(
+            status(Method::POST, on(metrics.port(), path)).await,
+            404,
+            "{path}"
+        );
+    }
+
+    // From the pod's IP, as the pod network reaches it: the read-only listener only.
+    match non_loopback_ipv4() {
+        Some(ip) => {
+            let url = format!("http://{ip}:{}/metrics", metrics.port());
+            assert_eq!(status(Method::GET, url).await, 200);
+            let refused = std::net::TcpStream::connect((ip, admin.port()));
+            assert!(refused.is_err(), "the admin listener answers on {ip}");
+        }
+        None => eprintln!("no address besides loopback here: the pod-IP part is not checked"),
+    }
 }

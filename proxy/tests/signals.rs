@@ -14,14 +14,19 @@
 mod client;
 
 use client::{ProxyClient, served_by};
-use kinference_proxy::local::{self, Proc, wait_until};
+use kinference_local::{
+    Controller, Program, Proxy, manifests,
+    poll::wait_until,
+    process::Proc,
+    stack::{spawn_controller, spawn_proxy},
+    workspace_root,
+};
 use kinference_proxy_signals::{PromptRef, Tokenizer};
 use serde_json::{Value, json};
 use std::{
     collections::BTreeMap,
     net::{SocketAddr, TcpListener},
     path::Path,
-    process::Command,
     time::Duration,
 };
 
@@ -46,9 +51,8 @@ struct Sim {
 }
 
 fn spawn_sim() -> Sim {
-    let bin = local::workspace_binary("kinference-vllm-sim", "vllm-sim").unwrap();
     let port = free_port_pair();
-    let mut cmd = Command::new(bin);
+    let mut cmd = Program::vllm_sim().command().unwrap();
     cmd.args(["serve", "--profile", MODEL, "--port", &port.to_string()])
         .args(["--kv-events-endpoint", &format!("tcp://*:{}", port + 1)])
         .arg("--enable-server-load-tracking");
@@ -103,8 +107,8 @@ fn translation_rule(doc: &mut serde_yaml::Value) {
 struct Env {
     client: ProxyClient,
     sims: Vec<Sim>,
-    _proxy: local::Proxy,
-    _controller: local::Controller,
+    _proxy: Proxy,
+    _controller: Controller,
     _manifests: tempfile::TempDir,
 }
 
@@ -116,21 +120,18 @@ async fn start() -> Env {
             sims.iter().map(|s| s.addr.port()).collect::<Vec<_>>(),
         )]);
         let manifests = tempfile::tempdir().unwrap();
-        local::write_manifests(
-            &local::workspace_root().join("examples"),
+        manifests::write_manifests(
+            &workspace_root().join("examples"),
             manifests.path(),
             &ports,
             &translation_rule,
         )
         .unwrap();
         annotate_pool(manifests.path());
-        let controller = local::spawn_controller(
-            manifests.path(),
-            SocketAddr::from(([127, 0, 0, 1], 0)),
-            true,
-        )
-        .unwrap();
-        let proxy = local::spawn_proxy(Path::new(PROXY), controller.grpc, &[], true).unwrap();
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let controller =
+            spawn_controller(&Program::controller(), manifests.path(), any, any, true).unwrap();
+        let proxy = spawn_proxy(&Program::Path(PROXY.into()), controller.grpc, &[], true).unwrap();
         (sims, manifests, controller, proxy)
     })
     .await

@@ -281,8 +281,23 @@ impl State {
                 Vec::new()
             }
         };
+        let (states_q, gaps_q) = (queries::guard_states(), queries::guard_gaps());
+        let (states, gaps) = tokio::join!(
+            self.prometheus.query(&states_q),
+            self.prometheus.query(&gaps_q),
+        );
+        let guards = match (states, gaps) {
+            (Ok(states), Ok(gaps)) => guard_rows(&states, &gaps),
+            (states, gaps) => {
+                for e in [states.err(), gaps.err()].into_iter().flatten() {
+                    errors.push(format!("guards: {e}"));
+                }
+                Vec::new()
+            }
+        };
         Ok(json!({
-            "window": window.as_str(), "flows": flows, "rules": rules, "errors": errors,
+            "window": window.as_str(), "flows": flows, "rules": rules, "guards": guards,
+            "errors": errors,
         }))
     }
 
@@ -449,9 +464,61 @@ impl State {
     }
 }
 
+/// One row per (tenant, rule, family) quality guard: its state and gap.
+fn guard_rows(states: &[crate::prom::Sample], gaps: &[crate::prom::Sample]) -> Vec<Value> {
+    let key = |s: &crate::prom::Sample| {
+        let l = |k: &str| s.labels.get(k).cloned().unwrap_or_default();
+        (l("tenant"), l("rule"), l("family"))
+    };
+    let gap: BTreeMap<_, f64> = gaps
+        .iter()
+        .filter_map(|s| Some((key(s), s.value?)))
+        .collect();
+    let mut rows: BTreeMap<_, Value> = BTreeMap::new();
+    for s in states {
+        let k = key(s);
+        // Proxies may disagree: the most severe state is shown, as the controller merges them.
+        let state = s.labels.get("state").cloned().unwrap_or_default();
+        let rank = |st: &str| match st {
+            "suspended" => 2,
+            "measuring" => 1,
+            _ => 0,
+        };
+        let keep = rows
+            .get(&k)
+            .is_none_or(|r| rank(&state) > rank(r["state"].as_str().unwrap_or_default()));
+        if keep {
+            rows.insert(
+                k.clone(),
+                json!({"tenant": k.0, "rule": k.1, "family": k.2, "state": state,
+                       "gap": gap.get(&k).copied()}),
+            );
+        }
+    }
+    rows.into_values().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guards_show_the_most_severe_state_over_proxies_with_their_gap() {
+        let key = [("tenant", "t"), ("rule", "r"), ("family", "math")];
+        let with = |state: &str| {
+            let mut l = key.to_vec();
+            l.push(("state", state));
+            sample(&l, 1.0)
+        };
+        let rows = guard_rows(
+            &[with("trusted"), with("suspended"), with("measuring")],
+            &[sample(&key, 0.3)],
+        );
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0]["state"], "suspended");
+        assert_eq!(rows[0]["gap"], 0.3);
+        assert_eq!(rows[0]["family"], "math");
+    }
 
     fn sample(labels: &[(&str, &str)], value: f64) -> Sample {
         Sample {

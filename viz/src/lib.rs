@@ -5,11 +5,10 @@
 //! proxies' metrics, read through Prometheus ([`prom`], [`queries`]), the proxies' decision records
 //! ([`decisions`]) and the policies in force ([`policies`]). [`api`] turns them into the JSON views
 //! that the dashboard, `kinfctl viz` and tests read; [`server`] serves them with the single-page
-//! dashboard; [`local`] runs Prometheus and viz beside the local system.
+//! dashboard. (`kinference-local` serves it beside the local stack.)
 
 pub mod api;
 pub mod decisions;
-pub mod local;
 pub mod policies;
 pub mod prom;
 pub mod queries;

@@ -1,5 +1,5 @@
-//! `kinference-viz`: serves the metrics API and dashboard (`serve`), or runs the whole local
-//! system with Prometheus and viz beside it (`local`).
+//! `kinference-viz`: serves the metrics API and dashboard (`serve`) over a Prometheus and the
+//! proxies' admin listeners.
 
 mod cli;
 

@@ -230,9 +230,11 @@ pub fn from_manifests(dir: &Path) -> Result<Policies, Error> {
         }
     }
     let errors = shared.read().policy_errors().clone();
+    // Quality-guard conditions come from the proxies' reports, which only the controller has.
     let statuses = kinference_policy_k8s_watch::status::desired_statuses(
         &objects,
         &errors,
+        &BTreeMap::new(),
         k8s_openapi::jiff::Timestamp::now(),
     );
     let conditions: BTreeMap<&ResourceKey, Vec<Value>> = statuses
@@ -340,7 +342,7 @@ mod tests {
         assert_eq!(p.classifiers.len(), 1);
         assert_eq!(
             p.classifiers[0].tags,
-            vec!["complexity", "translation", "code"]
+            vec!["complexity", "translation", "code", "family"]
         );
     }
 

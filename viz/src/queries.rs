@@ -87,6 +87,8 @@ pub enum StatFigure {
     RequestsPerS,
     RequestsTotal,
     ErrorsPerS,
+    /// Refused 429 by admission control or a token budget (a subset of the errors).
+    RefusedPerS,
     TtftP50,
     TtftP95,
     TtftP99,
@@ -102,10 +104,11 @@ pub enum StatFigure {
 }
 
 impl StatFigure {
-    pub const ALL: [StatFigure; 15] = [
+    pub const ALL: [StatFigure; 16] = [
         Self::RequestsPerS,
         Self::RequestsTotal,
         Self::ErrorsPerS,
+        Self::RefusedPerS,
         Self::TtftP50,
         Self::TtftP95,
         Self::TtftP99,
@@ -126,6 +129,7 @@ impl StatFigure {
             Self::RequestsPerS => "requests_per_s",
             Self::RequestsTotal => "requests_total",
             Self::ErrorsPerS => "errors_per_s",
+            Self::RefusedPerS => "refused_429_per_s",
             Self::TtftP50 => "ttft_p50_s",
             Self::TtftP95 => "ttft_p95_s",
             Self::TtftP99 => "ttft_p99_s",
@@ -156,6 +160,9 @@ impl StatFigure {
             Self::RequestsPerS => rate("requests_total"),
             Self::RequestsTotal => format!("sum by ({by}) (kinference_proxy_requests_total)"),
             Self::ErrorsPerS => rate("errors_total"),
+            Self::RefusedPerS => format!(
+                "sum by ({by}) (rate(kinference_proxy_errors_total{{status=\"429\"}}[{window}]))"
+            ),
             Self::TtftP50 => quantile(0.5, "ttft_seconds"),
             Self::TtftP95 => quantile(0.95, "ttft_seconds"),
             Self::TtftP99 => quantile(0.99, "ttft_seconds"),
@@ -185,6 +192,16 @@ pub fn rule_decisions(window: &Window) -> String {
     format!(
         "sum by (tenant, requested_model, served_model, rule) (increase(kinference_proxy_rule_decisions_total[{window}]))"
     )
+}
+
+/// Each quality guard's current state (the proxies export 1 for it), by tenant, rule and family.
+pub fn guard_states() -> String {
+    "max by (tenant, rule, family, state) (kinference_proxy_guard_state) == 1".to_string()
+}
+
+/// Each quality guard's measured gap (the largest over proxies).
+pub fn guard_gaps() -> String {
+    "max by (tenant, rule, family) (kinference_proxy_guard_gap)".to_string()
 }
 
 /// Decisions per tenant and requested model over `window`: the denominator of rule shares.
@@ -310,6 +327,8 @@ pub fn all() -> Vec<String> {
     out.push(flows(&w));
     out.push(rule_decisions(&w));
     out.push(decisions(&w));
+    out.push(guard_states());
+    out.push(guard_gaps());
     out.extend(EndpointFigure::ALL.iter().map(|f| f.promql(&w)));
     out
 }

@@ -5,7 +5,7 @@
 //! few streaming and non-streaming requests. Names and labels are read out of the PromQL text, so
 //! a renamed metric or label on either side fails here.
 
-use kinference_proxy::local::{Stack, StackOptions, target_dir};
+use kinference_local::{Programs, Stack, StackOptions};
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::Path,
@@ -107,7 +107,7 @@ fn dashboard_exprs() -> Vec<(String, String)> {
 #[test]
 fn every_queried_metric_and_label_is_exported() {
     let stack = Stack::start(
-        &target_dir().join("kinference-proxy"),
+        &Programs::workspace(),
         &StackOptions {
             replicas: vec![("glm-5.3".into(), 1), ("qwen-3.6-27b".into(), 1)],
             ..StackOptions::default()
@@ -189,7 +189,8 @@ fn every_queried_metric_and_label_is_exported() {
     // of each family, with the proxy's label types, and encoded the same way.
     let m = kinference_proxy::metrics::Metrics::new();
     let s = |v: &str| v.to_string();
-    m.fallbacks
+    m.route
+        .fallbacks
         .get_or_create(&kinference_proxy::metrics::FallbackLabels {
             tenant: s("t"),
             requested_model: s("m"),
@@ -201,17 +202,37 @@ fn every_queried_metric_and_label_is_exported() {
         pool: s("p"),
         model: s("m"),
     };
-    m.stale_signals.get_or_create(&pool).inc();
-    m.scrape_errors.get_or_create(&pool).inc();
-    m.retries
+    m.route.stale_signals.get_or_create(&pool).inc();
+    m.signals.scrape_errors.get_or_create(&pool).inc();
+    m.retry
+        .retries
         .get_or_create(&kinference_proxy::metrics::RetryLabels {
             tenant: s("t"),
             requested_model: s("m"),
             reason: s("connect"),
         })
         .inc();
+    // A quality guard's state and gap (a guard exports once a verdict is in).
+    m.guard
+        .state
+        .get_or_create(&kinference_proxy::metrics::GuardStateLabels {
+            tenant: s("t"),
+            rule: s("r"),
+            family: s("math"),
+            state: s("suspended"),
+        })
+        .set(1);
+    m.guard
+        .gap
+        .get_or_create(&kinference_proxy::metrics::GuardLabels {
+            tenant: s("t"),
+            rule: s("r"),
+            family: s("math"),
+        })
+        .set(0.3);
     // A rule that matched (whether the classifier tags this run's prompt low is not fixed).
-    m.rule_decisions("t", "m", "n", ["low-complexity-may-use-qwen"].into_iter());
+    m.route
+        .rule_decisions("t", "m", "n", ["low-complexity-may-use-qwen"].into_iter());
     for (name, labels) in exposition(&m.encode()) {
         exported.entry(name).or_insert(labels);
     }

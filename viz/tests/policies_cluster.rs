@@ -101,6 +101,7 @@ impl Controller {
                 max: Duration::from_millis(200),
             },
             clock: Arc::new(SystemClock),
+            guards: Arc::default(),
         };
         let client = server.client("controller");
         Self(tokio::spawn(async move {
@@ -317,7 +318,7 @@ async fn the_policies_page_shows_the_clusters_policies_with_the_controllers_cond
     assert_eq!(llm_classifier["kind"], "InferenceClassifier");
     assert_eq!(
         llm_classifier["tags"],
-        json!(["complexity", "translation", "code"])
+        json!(["complexity", "translation", "code", "family"])
     );
     assert_eq!(condition(llm_classifier, "Accepted")["status"], "True");
     let inverted = condition(entry(&v, "classifiers", "inverted"), "Accepted");

@@ -2,7 +2,9 @@
 //!
 //! The proxy's prediction is only as good as its signals; these settings say how old a signal
 //! may be before the proxy stops trusting it, what it does then, how close two predictions must
-//! be to count as a tie, and whether the decision is enforced or only recorded.
+//! be to count as a tie, whether the decision is enforced or only recorded, and what the choice
+//! among candidate models optimizes: the first token soonest, or the lowest cost that still meets
+//! the service class's TTFT objective.
 
 use std::time::Duration;
 
@@ -45,6 +47,20 @@ pub struct Balancer {
     /// Kinference).
     #[serde(default)]
     pub mode: BalancerMode,
+
+    /// Objective is what the choice among candidates optimizes. LowestTTFT (the default): the
+    /// candidate predicted to return its first token soonest. CheapestWithinSLO: the cheapest
+    /// candidate (by its model's prices and the prompt's uncached and cached tokens) whose
+    /// predicted TTFT meets the request's service class ttftSLO (see spec.serviceClasses); when
+    /// none does, the fastest.
+    #[serde(default)]
+    pub objective: Objective,
+
+    /// PreferCheaperWithin is, with objective LowestTTFT, how much later than the fastest a
+    /// cheaper candidate may be predicted to answer and still win, as a duration such as "50ms".
+    /// Unset or "0s": the fastest always wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer_cheaper_within: Option<GatewayDuration>,
 }
 
 impl Balancer {
@@ -57,6 +73,13 @@ impl Balancer {
     pub fn tie_window(&self) -> Result<Duration, DurationError> {
         self.tie_window.parse()
     }
+
+    /// The tolerance of LowestTTFT for a cheaper candidate, parsed (zero when unset).
+    pub fn prefer_cheaper_within(&self) -> Result<Duration, DurationError> {
+        self.prefer_cheaper_within
+            .as_ref()
+            .map_or(Ok(Duration::ZERO), GatewayDuration::parse)
+    }
 }
 
 impl Default for Balancer {
@@ -66,6 +89,8 @@ impl Default for Balancer {
             failure_mode: FailureMode::default(),
             tie_window: default_tie_window(),
             mode: BalancerMode::default(),
+            objective: Objective::default(),
+            prefer_cheaper_within: None,
         }
     }
 }
@@ -96,4 +121,17 @@ pub enum BalancerMode {
     Enforce,
     /// Record the decision, but send the request where it would go without Kinference.
     Shadow,
+}
+
+/// What the choice among candidate endpoints optimizes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum Objective {
+    /// The candidate predicted to return its first token soonest. The default.
+    #[default]
+    #[serde(rename = "LowestTTFT")]
+    LowestTtft,
+    /// The cheapest candidate predicted to meet the service class's TTFT objective; the fastest
+    /// when none is.
+    #[serde(rename = "CheapestWithinSLO")]
+    CheapestWithinSlo,
 }

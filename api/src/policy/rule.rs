@@ -25,6 +25,12 @@ pub struct PolicyRule {
 
     /// Action says what the rule does to the candidate models and the request's service class.
     pub action: RuleAction,
+
+    /// QualityGuard measures, on live traffic, whether the models this rule adds answer as well
+    /// as the requested one, and caps or suspends the rule until they do. Only for rules that
+    /// add models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quality_guard: Option<super::QualityGuard>,
 }
 
 /// RuleMatch selects requests. Each list that is set must be satisfied: `models` and `workloads`

@@ -80,7 +80,7 @@ fn validate_tag(field: &str, tag: &ClassifierTag, errors: &mut Errors) {
                 );
             }
         }
-        TagSource::Complexity(ComplexityTag { thresholds: None }) => {}
+        TagSource::Complexity(ComplexityTag { thresholds: None }) | TagSource::Family(_) => {}
         TagSource::Keywords(keywords) => {
             let field = format!("{field}.keywords");
             if keywords.values.is_empty() {

@@ -1,5 +1,5 @@
-//! Validation of an InferencePolicy: its target, models, aliases, rules and balancer, and the
-//! pools and classifier they reference.
+//! Validation of an InferencePolicy: its target, models, aliases, rules, balancer and service
+//! classes, and the pools and classifier they reference.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -9,7 +9,8 @@ use crate::{
     classifier::InferenceClassifierSpec,
     duration::GatewayDuration,
     policy::{
-        Balancer, InferencePolicySpec, Model, PolicyRule, TARGET_KINDS, TagMatch, WorkloadMatch,
+        Balancer, InferencePolicySpec, Model, Objective, PolicyRule, ServiceClass, TARGET_KINDS,
+        TagMatch, WorkloadMatch,
     },
     pool,
 };
@@ -36,6 +37,9 @@ pub(super) fn validate(
         validate_rule(&format!("spec.rules[{i}]"), rule, spec, classifier, errors);
     }
     validate_balancer(&spec.balancer, errors);
+    validate_service_classes(spec, errors);
+    validate_budgets(spec, errors);
+    validate_timeouts(spec, errors);
 }
 
 fn in_namespace(namespace: Option<&str>) -> String {
@@ -444,6 +448,117 @@ fn validate_rule(
     if let Some(rewrite) = &action.rewrite_to {
         check_model_name(errors, format!("{field}.rewriteTo"), spec, rewrite);
     }
+    if let Some(guard) = &rule.quality_guard {
+        let field = field.trim_end_matches(".action");
+        validate_quality_guard(&format!("{field}.qualityGuard"), guard, rule, errors);
+    }
+}
+
+fn validate_quality_guard(
+    field: &str,
+    guard: &crate::policy::QualityGuard,
+    rule: &PolicyRule,
+    errors: &mut Errors,
+) {
+    if rule.action.add_models.is_empty() {
+        errors.push(
+            field,
+            ErrorKind::Invalid,
+            format!(
+                "rule {:?} adds no models, so there is no widening for a quality guard to \
+                 measure: set action.addModels or remove qualityGuard",
+                rule.name
+            ),
+        );
+    }
+    if let Some(v) = guard.sample_share {
+        check_range(
+            errors,
+            &format!("{field}.sampleShare"),
+            v,
+            0.0,
+            true,
+            Some(1.0),
+        );
+    }
+    if let Some(v) = guard.tolerance {
+        check_range(
+            errors,
+            &format!("{field}.tolerance"),
+            v,
+            0.0,
+            false,
+            Some(1.0),
+        );
+    }
+    if let Some(v) = guard.capped_share {
+        check_range(
+            errors,
+            &format!("{field}.cappedShare"),
+            v,
+            0.0,
+            false,
+            Some(1.0),
+        );
+    }
+    if guard.min_samples == Some(0) {
+        errors.push(
+            format!("{field}.minSamples"),
+            ErrorKind::Invalid,
+            "0 must be 1 or more",
+        );
+    }
+    if guard.window() < guard.min_samples() {
+        errors.push(
+            format!("{field}.window"),
+            ErrorKind::Invalid,
+            format!(
+                "{} must be at least minSamples ({})",
+                guard.window(),
+                guard.min_samples()
+            ),
+        );
+    }
+    let url = &guard.judge.url;
+    // In a mesh the judge is reached in plaintext through the sidecars, which add mTLS.
+    if !url.starts_with("http://")
+        || url
+            .parse::<http::Uri>()
+            .map_or(true, |u| u.host().is_none_or(str::is_empty))
+    {
+        errors.push(
+            format!("{field}.judge.url"),
+            ErrorKind::Invalid,
+            format!("{url:?} is not an http:// URL with a host"),
+        );
+    }
+    if guard.judge.model.is_empty() {
+        errors.push(
+            format!("{field}.judge.model"),
+            ErrorKind::Required,
+            "the judge's model name is required",
+        );
+    }
+    match guard.judge_timeout() {
+        Ok(d) if d.is_zero() => errors.push(
+            format!("{field}.judge.timeout"),
+            ErrorKind::Invalid,
+            "0s leaves no time for a judgement",
+        ),
+        Ok(_) => {}
+        Err(e) => errors.push(
+            format!("{field}.judge.timeout"),
+            ErrorKind::Invalid,
+            e.to_string(),
+        ),
+    }
+    if guard.family_tag.as_deref() == Some("") {
+        errors.push(
+            format!("{field}.familyTag"),
+            ErrorKind::Invalid,
+            "an empty tag name: leave familyTag unset for the built-in family tag",
+        );
+    }
 }
 
 fn validate_tag_match(
@@ -578,6 +693,160 @@ fn validate_balancer(balancer: &Balancer, errors: &mut Errors) {
         );
     }
     check_duration(errors, "spec.balancer.tieWindow", &balancer.tie_window);
+    if let Some(tolerance) = &balancer.prefer_cheaper_within {
+        let field = "spec.balancer.preferCheaperWithin";
+        check_duration(errors, field, tolerance);
+        if balancer.objective != Objective::LowestTtft {
+            errors.push(
+                field,
+                ErrorKind::Invalid,
+                "applies to objective LowestTTFT only: CheapestWithinSLO already prefers the \
+                 cheapest candidate that meets the SLO",
+            );
+        }
+    }
+}
+
+fn validate_timeouts(spec: &InferencePolicySpec, errors: &mut Errors) {
+    let t = &spec.timeouts;
+    let positive = |errors: &mut Errors, field: &str, d: &GatewayDuration| {
+        let d = check_duration(errors, field, d)?;
+        if d.is_zero() {
+            errors.push(field, ErrorKind::Invalid, "must be greater than 0s");
+            return None;
+        }
+        Some(d)
+    };
+    if !(1..=100).contains(&t.first_byte_multiple) {
+        errors.push(
+            "spec.timeouts.firstByteMultiple",
+            ErrorKind::Invalid,
+            format!("{} is not between 1 and 100", t.first_byte_multiple),
+        );
+    }
+    let floor = positive(errors, "spec.timeouts.firstByteFloor", &t.first_byte_floor);
+    let cap = positive(errors, "spec.timeouts.firstByteCap", &t.first_byte_cap);
+    positive(errors, "spec.timeouts.streamIdle", &t.stream_idle);
+    let request = positive(errors, "spec.timeouts.request", &t.request);
+    if let (Some(floor), Some(cap)) = (floor, cap)
+        && floor > cap
+    {
+        errors.push(
+            "spec.timeouts.firstByteFloor",
+            ErrorKind::Invalid,
+            "must not be longer than firstByteCap",
+        );
+    }
+    if let (Some(cap), Some(request)) = (cap, request)
+        && cap > request
+    {
+        errors.push(
+            "spec.timeouts.firstByteCap",
+            ErrorKind::Invalid,
+            "must not be longer than request",
+        );
+    }
+}
+
+fn validate_budgets(spec: &InferencePolicySpec, errors: &mut Errors) {
+    let mut seen: Vec<&str> = vec![];
+    for (i, b) in spec.tenant_budgets.iter().enumerate() {
+        let field = format!("spec.tenantBudgets[{i}]");
+        if b.tenant.is_empty() {
+            errors.push(
+                format!("{field}.tenant"),
+                ErrorKind::Required,
+                "a tenant (namespace/name, or * for every other tenant) is required",
+            );
+        } else if seen.contains(&b.tenant.as_str()) {
+            errors.push(
+                format!("{field}.tenant"),
+                ErrorKind::Duplicate,
+                format!("tenant {:?} already has a budget", b.tenant),
+            );
+        }
+        seen.push(&b.tenant);
+        if b.tokens == 0 {
+            errors.push(
+                format!("{field}.tokens"),
+                ErrorKind::Invalid,
+                "0 must be 1 or more: a budget of no tokens refuses every request",
+            );
+        }
+        if let Some(w) = &b.window
+            && let Some(w) = check_duration(errors, &format!("{field}.window"), w)
+            && w.is_zero()
+        {
+            errors.push(
+                format!("{field}.window"),
+                ErrorKind::Invalid,
+                "must be greater than 0s",
+            );
+        }
+    }
+}
+
+fn validate_service_classes(spec: &InferencePolicySpec, errors: &mut Errors) {
+    let names: Vec<String> = spec
+        .service_classes
+        .iter()
+        .map(|c| format!("{:?}", c.name))
+        .collect();
+    check_unique(
+        errors,
+        "spec.serviceClasses",
+        "service class",
+        names.iter().map(String::as_str),
+    );
+    for (i, class) in spec.service_classes.iter().enumerate() {
+        if let Some(share) = class.reserved_share {
+            let field = format!("spec.serviceClasses[{i}].reservedShare");
+            if !(0.0..1.0).contains(&share) {
+                errors.push(
+                    field,
+                    ErrorKind::Invalid,
+                    format!("{share} must be in [0, 1)"),
+                );
+            }
+        }
+        if let Some(max) = &class.max_queue_time {
+            let field = format!("spec.serviceClasses[{i}].maxQueueTime");
+            check_duration(errors, &field, max);
+            if class.ttft_slo.is_none() {
+                errors.push(
+                    field,
+                    ErrorKind::Required,
+                    "a request is held until it is predicted to meet its ttftSLO: set ttftSLO too",
+                );
+            }
+        }
+        let field = format!("spec.serviceClasses[{i}].ttftSLO");
+        if let Some(slo) = &class.ttft_slo
+            && let Some(slo) = check_duration(errors, &field, slo)
+            && slo.is_zero()
+        {
+            errors.push(
+                field,
+                ErrorKind::Invalid,
+                "must be greater than 0s: no request can meet it",
+            );
+        }
+    }
+    if spec.balancer.objective == Objective::CheapestWithinSlo {
+        let has_default = spec
+            .service_classes
+            .iter()
+            .any(|c| c.name == ServiceClass::Standard && c.ttft_slo.is_some());
+        if !has_default {
+            errors.push(
+                "spec.balancer.objective",
+                ErrorKind::Required,
+                "CheapestWithinSLO needs a ttftSLO for the Standard service class (the class of \
+                 every request no rule classes, and of classes without their own) in \
+                 spec.serviceClasses",
+            );
+        }
+    }
 }
 
 fn check_duration(

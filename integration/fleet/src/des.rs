@@ -9,6 +9,8 @@ use std::{cmp::Ordering, collections::BinaryHeap, sync::Arc};
 
 use kinference_sim::{KvEvent, SimTime};
 
+use crate::strategy::PeerEvent;
+
 /// Something that happens at an instant.
 #[derive(Debug)]
 pub enum Event {
@@ -16,8 +18,10 @@ pub enum Event {
     Arrival { req: usize },
     /// Replica `replica`'s current step ends; its events happen now.
     StepEnd { replica: usize },
-    /// Sidecar `sidecar` scrapes every replica's metrics.
+    /// Router instance `sidecar` (a sidecar or a picker replica) scrapes every replica's metrics.
     Scrape { sidecar: usize },
+    /// Another instance's replica-sync message reaches router instance `instance`.
+    Peer { instance: usize, event: PeerEvent },
     /// KV events that replica `replica` published at the end of a step reach the sidecars.
     KvDelivery {
         replica: usize,

@@ -18,16 +18,65 @@ pub struct PoolSpec {
     /// A `kinference_sim::Profile` name (`glm-5.3`, `qwen-3.6-27b`).
     pub profile: String,
     pub replicas: usize,
+    /// What the model's tokens cost, for the cost columns.
+    pub price: Option<Price>,
+}
+
+impl PoolSpec {
+    /// `replicas` of `profile`, at the policy's price for it.
+    pub fn of(profile: &str, replicas: usize) -> Self {
+        Self {
+            profile: profile.to_owned(),
+            replicas,
+            price: Price::of(profile),
+        }
+    }
+}
+
+/// A model's price per million tokens, in US dollars, as an `InferencePolicy` carries it
+/// (`spec.models[].price`).
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct Price {
+    pub prompt_per_million: f64,
+    pub cached_per_million: f64,
+    pub completion_per_million: f64,
+}
+
+impl Price {
+    /// The prices of the project's example policy (`examples/policy.yaml`), the platform's
+    /// published prices for the two models the fleet runs.
+    pub fn of(profile: &str) -> Option<Price> {
+        match profile {
+            "glm-5.3" => Some(Price {
+                prompt_per_million: 0.60,
+                cached_per_million: 0.11,
+                completion_per_million: 2.20,
+            }),
+            "qwen-3.6-27b" => Some(Price {
+                prompt_per_million: 0.20,
+                cached_per_million: 0.05,
+                completion_per_million: 0.60,
+            }),
+            _ => None,
+        }
+    }
+
+    /// What a request of `prompt` tokens (`cached` of them from the prefix cache) and `output`
+    /// generated tokens costs.
+    pub fn cost_usd(&self, prompt: u32, cached: u32, output: u32) -> f64 {
+        let cached = cached.min(prompt);
+        (f64::from(prompt - cached) * self.prompt_per_million
+            + f64::from(cached) * self.cached_per_million
+            + f64::from(output) * self.completion_per_million)
+            / 1e6
+    }
 }
 
 impl FleetSpec {
     /// A fleet of one pool.
     pub fn single(profile: &str, replicas: usize) -> Self {
         Self {
-            pools: vec![PoolSpec {
-                profile: profile.to_owned(),
-                replicas,
-            }],
+            pools: vec![PoolSpec::of(profile, replicas)],
         }
     }
 
@@ -48,6 +97,8 @@ pub struct ReplicaInfo {
     pub max_model_len: u32,
     /// The profile, for priors (what a platform team would publish per model).
     pub profile: Profile,
+    /// What the model's tokens cost, as the policy declares it.
+    pub price: Option<Price>,
 }
 
 /// One replica: its engine and its static facts.
@@ -85,6 +136,7 @@ pub fn build(spec: &FleetSpec) -> Result<Vec<Replica>, FleetError> {
                     max_num_batched_tokens: e.max_num_batched_tokens,
                     max_model_len: e.max_model_len,
                     profile: profile.clone(),
+                    price: p.price,
                 },
                 engine: Engine::new(profile.engine.clone(), profile.cost.clone()),
                 busy_until: None,
@@ -102,16 +154,7 @@ mod tests {
     #[test]
     fn pools_in_order_with_profile_facts() {
         let spec = FleetSpec {
-            pools: vec![
-                PoolSpec {
-                    profile: "glm-5.3".into(),
-                    replicas: 2,
-                },
-                PoolSpec {
-                    profile: "qwen-3.6-27b".into(),
-                    replicas: 3,
-                },
-            ],
+            pools: vec![PoolSpec::of("glm-5.3", 2), PoolSpec::of("qwen-3.6-27b", 3)],
         };
         let r = build(&spec).unwrap();
         assert_eq!(r.len(), 5);
@@ -123,5 +166,9 @@ mod tests {
         assert_eq!(r[4].info.num_gpu_blocks, q.engine.num_gpu_blocks);
         assert_eq!(r[4].info.max_model_len, 32_768);
         assert!(build(&FleetSpec::single("nope", 1)).is_err());
+        // 1,000 uncached and 1,000 cached prompt tokens and 100 generated, at glm's prices.
+        let p = Price::of("glm-5.3").unwrap();
+        assert!((p.cost_usd(2_000, 1_000, 100) - (600.0 + 110.0 + 220.0) / 1e6).abs() < 1e-12);
+        assert!(Price::of("nope").is_none());
     }
 }

@@ -9,8 +9,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod arm;
 pub mod des;
 pub mod fleet;
+pub mod priors;
 pub mod report;
 pub mod run;
 pub mod sidecar;
@@ -20,6 +22,7 @@ pub mod tune;
 pub mod workload;
 
 pub use self::{
+    arm::Arm,
     report::CellResult,
     run::{RunConfig, run_cell},
     strategy::{Pick, Router, StrategyKind},

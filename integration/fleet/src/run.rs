@@ -12,26 +12,31 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::{
+    arm::Arm,
     des::{Event, EventQueue},
     fleet::{self, FleetError, Replica, ReplicaInfo},
+    priors::PriorFactors,
     report::{CellResult, Outcome, ReplicaTruth},
     sidecar::{Scraped, SidecarState, View},
-    strategy::{Req, Router, StrategyKind},
-    workload::{RequestSpec, Workload},
+    strategy::{BuildContext, PeerEvent, Req, Router},
+    workload::{self, RequestSpec, Workload},
 };
 
 /// How the fleet around the replicas behaves.
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub struct RunConfig {
-    /// Independent sidecars; a request goes to sidecar `client % sidecars`.
-    pub sidecars: usize,
+    /// Sidecars of a mesh strategy (Kinference, Linkerd, the proxies' balancers) when its arm
+    /// does not say: a request goes to instance `client % instances`.
+    pub mesh_sidecars: usize,
+    /// Replicas of a central picker when its arm does not say (its HA set-up above 1).
+    pub peer_instances: usize,
     /// Each sidecar scrapes every replica this often.
     pub scrape_interval: Duration,
     /// KV events reach the sidecars this long after the step that produced them.
     pub kv_event_delay: Duration,
     pub seed: u64,
     /// Whether the replicas answer vLLM's `GET /load` (`--enable-server-load-tracking`), polled
-    /// with every scrape. Only strategies that read it (Kinference) see a difference.
+    /// with every scrape by the arms that read it.
     pub server_load: bool,
     /// The routing core's settings for the Kinference strategy (its defaults unless a sweep
     /// overrides them with `--kinference-set`).
@@ -41,7 +46,8 @@ pub struct RunConfig {
 impl Default for RunConfig {
     fn default() -> Self {
         Self {
-            sidecars: 4,
+            mesh_sidecars: 16,
+            peer_instances: 1,
             scrape_interval: Duration::from_millis(50),
             kv_event_delay: Duration::from_millis(10),
             seed: 1,
@@ -80,43 +86,98 @@ fn secs(s: f64) -> SimTime {
     Duration::from_secs_f64(s.max(0.0))
 }
 
-fn cell_seed(cfg: &RunConfig, workload: &Workload, strategy: StrategyKind, sidecar: usize) -> u64 {
+fn cell_seed(cfg: &RunConfig, workload: &Workload, arm: &Arm, sidecar: usize) -> u64 {
     let label = format!(
         "{}/{}/{}/{sidecar}",
         workload.kind.name(),
         workload.load_rps,
-        strategy.name()
+        arm.label()
     );
     cfg.seed ^ xxhash_rust::xxh3::xxh3_64(label.as_bytes())
 }
 
-/// Runs `workload` through `strategy` and measures every request.
-pub fn run_cell(
-    workload: &Workload,
-    strategy: StrategyKind,
-    cfg: &RunConfig,
-) -> Result<CellResult, FleetError> {
-    run_cell_detailed(workload, strategy, cfg).map(|(cell, _)| cell)
+/// What the scrape of `rep` reads at `now`, as the run's arm sees it.
+fn scrape(rep: &Replica, now: SimTime, server_load: Option<u32>) -> Scraped {
+    let mut scraped = Scraped::of(rep.engine.stats_at(now), now);
+    scraped.server_load = server_load;
+    scraped
+}
+
+/// The engine's true state at `now` (the oracle's scrape): its own queues and KV usage as they
+/// stand, the step in progress included, and the API server's exact count.
+fn truth(rep: &Replica, now: SimTime, server_load: u32) -> Scraped {
+    let mut scraped = Scraped::of(rep.engine.stats(), now);
+    scraped.waiting = rep.engine.num_waiting() as u32;
+    scraped.running = rep.engine.num_running() as u32;
+    scraped.server_load = Some(server_load);
+    scraped
+}
+
+/// Sends `event` from instance `from` to every other instance, `delay` later.
+fn publish(
+    q: &mut EventQueue,
+    sync: Option<Duration>,
+    from: usize,
+    n: usize,
+    now: SimTime,
+    event: PeerEvent,
+) {
+    let Some(delay) = sync else { return };
+    for instance in (0..n).filter(|&i| i != from) {
+        q.push(
+            now + delay,
+            Event::Peer {
+                instance,
+                event: event.clone(),
+            },
+        );
+    }
+}
+
+/// Runs `workload` through `arm` and measures every request.
+pub fn run_cell(workload: &Workload, arm: &Arm, cfg: &RunConfig) -> Result<CellResult, FleetError> {
+    run_cell_detailed(workload, arm, cfg).map(|(cell, _)| cell)
 }
 
 /// [`run_cell`], also returning each request's outcome.
 pub fn run_cell_detailed(
     workload: &Workload,
-    strategy: StrategyKind,
+    arm: &Arm,
     cfg: &RunConfig,
 ) -> Result<(CellResult, Vec<Outcome>), FleetError> {
+    // How long the simulation itself took, for the report: the OS clock, outside virtual time.
+    #[allow(clippy::disallowed_methods)]
     let started = std::time::Instant::now();
+    let strategy = arm.kind;
     let mut replicas: Vec<Replica> = fleet::build(&workload.fleet)?;
     let infos: Vec<ReplicaInfo> = replicas.iter().map(|r| r.info.clone()).collect();
-    let n_sidecars = cfg.sidecars.max(1);
+    let n_sidecars = arm.serving_instances(cfg.mesh_sidecars, cfg.peer_instances);
+    let ctx = BuildContext {
+        kinference: cfg.kinference,
+        priors: if arm.true_priors {
+            PriorFactors::TRUE
+        } else {
+            PriorFactors::MEASURED
+        },
+        slo_ttft_s: workload.kind.slo_ttft_p90_s(),
+    };
     let mut sidecars: Vec<Sidecar> = (0..n_sidecars)
         .map(|i| Sidecar {
             state: SidecarState::new(replicas.len()),
-            router: strategy.build(&infos, &cfg.kinference),
-            rng: ChaCha8Rng::seed_from_u64(cell_seed(cfg, workload, strategy, i)),
+            router: strategy.build(&infos, &ctx),
+            rng: ChaCha8Rng::seed_from_u64(cell_seed(cfg, workload, arm, i)),
         })
         .collect();
     let wants_kv = strategy.wants_kv_events();
+    let sees_truth = strategy.sees_truth();
+    let reads_load = cfg.server_load && arm.reads_server_load();
+    let sync = if n_sidecars > 1 {
+        strategy.replica_sync(cfg.kv_event_delay)
+    } else {
+        None
+    };
+    let prices: Vec<Option<fleet::Price>> = workload.fleet.pools.iter().map(|p| p.price).collect();
+    let widening = workload.fleet.pools.len() > 1;
 
     let mut q = EventQueue::new();
     let mut recs: Vec<Rec> = Vec::with_capacity(workload.num_requests());
@@ -152,7 +213,8 @@ pub fn run_cell_detailed(
         recs.push(new_rec(spec, (!s.turns.is_empty()).then_some((si, 0))));
     }
     let mut outstanding = recs.len();
-    for i in 0..n_sidecars {
+    // The oracle reads the truth at every decision instead of scraping.
+    for i in (0..n_sidecars).filter(|_| !sees_truth) {
         let phase = cfg.scrape_interval.mul_f64(i as f64 / n_sidecars as f64);
         q.push(phase, Event::Scrape { sidecar: i });
     }
@@ -181,6 +243,18 @@ pub fn run_cell_detailed(
                     continue;
                 }
                 let Sidecar { state, router, rng } = &mut sidecars[rec.sidecar];
+                if sees_truth {
+                    for (r, rep) in replicas.iter().enumerate() {
+                        state.scraped[r] = Some(truth(rep, now, server_load[r]));
+                    }
+                    let view = View {
+                        now,
+                        replicas: &infos,
+                        scraped: &state.scraped,
+                        own_inflight: &state.own_inflight,
+                    };
+                    router.on_scrape(&view);
+                }
                 let view = View {
                     now,
                     replicas: &infos,
@@ -218,6 +292,18 @@ pub fn run_cell_detailed(
                     continue;
                 }
                 router.on_dispatch(&r, replica, now);
+                publish(
+                    &mut q,
+                    sync,
+                    rec.sidecar,
+                    n_sidecars,
+                    now,
+                    PeerEvent::Dispatch {
+                        id: req as u64,
+                        replica,
+                        prompt: rec.spec.prompt.clone(),
+                    },
+                );
                 state.own_inflight[replica] += 1;
                 server_load[replica] += 1;
                 let rec = &mut recs[req];
@@ -241,6 +327,14 @@ pub fn run_cell_detailed(
                             sidecars[rec.sidecar]
                                 .router
                                 .on_first_token(id, replica, now);
+                            publish(
+                                &mut q,
+                                sync,
+                                rec.sidecar,
+                                n_sidecars,
+                                now,
+                                PeerEvent::FirstToken { id, replica },
+                            );
                         }
                         EngineEvent::Token { id, .. } => {
                             let sidecar = recs[id as usize].sidecar;
@@ -261,6 +355,14 @@ pub fn run_cell_detailed(
                             sc.state.own_inflight[replica] =
                                 sc.state.own_inflight[replica].saturating_sub(1);
                             sc.router.on_complete(id, replica, completion_tokens, now);
+                            publish(
+                                &mut q,
+                                sync,
+                                rec.sidecar,
+                                n_sidecars,
+                                now,
+                                PeerEvent::Complete { id, replica },
+                            );
                             outstanding -= 1;
                             if let Some((si, ti)) = rec.next_turn {
                                 let session = &workload.sessions[si];
@@ -287,7 +389,12 @@ pub fn run_cell_detailed(
                     }
                 }
                 let kv = replicas[replica].engine.drain_kv_events();
-                if wants_kv && !kv.is_empty() {
+                if sees_truth && !kv.is_empty() {
+                    // The oracle knows the cache as it is: no delivery delay.
+                    for sc in &mut sidecars {
+                        sc.router.on_kv_events(replica, &kv, now);
+                    }
+                } else if wants_kv && !kv.is_empty() {
                     q.push(
                         now + cfg.kv_event_delay,
                         Event::KvDelivery {
@@ -303,9 +410,7 @@ pub fn run_cell_detailed(
             Event::Scrape { sidecar } => {
                 let Sidecar { state, router, .. } = &mut sidecars[sidecar];
                 for (r, rep) in replicas.iter().enumerate() {
-                    let mut scraped = Scraped::of(rep.engine.stats_at(now), now);
-                    scraped.server_load = cfg.server_load.then_some(server_load[r]);
-                    state.scraped[r] = Some(scraped);
+                    state.scraped[r] = Some(scrape(rep, now, reads_load.then_some(server_load[r])));
                 }
                 let view = View {
                     now,
@@ -321,35 +426,59 @@ pub fn run_cell_detailed(
                     sc.router.on_kv_events(replica, &events, now);
                 }
             }
+            Event::Peer { instance, event } => {
+                sidecars[instance].router.on_peer(&event, now);
+            }
         }
     }
 
     let outcomes: Vec<Outcome> = recs
         .into_iter()
-        .map(|r| Outcome {
-            arrived_s: r.arrived_at.as_secs_f64(),
-            prompt_tokens: r.spec.prompt.len() as u32,
-            cached_tokens: r.cached_tokens,
-            output_tokens: r.output_tokens,
-            replica: r.replica,
-            ttft_s: r.first_token_at.map(|t| (t - r.arrived_at).as_secs_f64()),
-            finished_s: r.finished_at.map(|t| t.as_secs_f64()),
-            e2e_s: r.finished_at.map(|t| (t - r.arrived_at).as_secs_f64()),
-            predicted_ttft_s: r.predicted_ttft_s,
-            rejected: r.rejected,
-            prediction: r.prediction,
-            at_arrival: r.at_arrival,
+        .map(|r| {
+            let served_pool = r.replica.map(|i| infos[i].pool);
+            let finished = r.finished_at.is_some();
+            let cost_usd = match served_pool.and_then(|p| prices[p]) {
+                Some(price) if finished => Some(price.cost_usd(
+                    r.spec.prompt.len() as u32,
+                    r.cached_tokens,
+                    r.output_tokens,
+                )),
+                _ => None,
+            };
+            let eligible = widening && r.spec.low_complexity;
+            Outcome {
+                requested_pool: r.spec.pool,
+                served_pool,
+                rule: eligible.then_some(workload::LOW_COMPLEXITY_RULE),
+                cost_usd,
+                arrived_s: r.arrived_at.as_secs_f64(),
+                prompt_tokens: r.spec.prompt.len() as u32,
+                cached_tokens: r.cached_tokens,
+                output_tokens: r.output_tokens,
+                replica: r.replica,
+                ttft_s: r.first_token_at.map(|t| (t - r.arrived_at).as_secs_f64()),
+                finished_s: r.finished_at.map(|t| t.as_secs_f64()),
+                e2e_s: r.finished_at.map(|t| (t - r.arrived_at).as_secs_f64()),
+                predicted_ttft_s: r.predicted_ttft_s,
+                rejected: r.rejected,
+                prediction: r.prediction,
+                at_arrival: r.at_arrival,
+            }
         })
         .collect();
-    let cell = CellResult::from_outcomes(
+    let mut cell = CellResult::from_outcomes(
         workload.kind.name(),
-        strategy.name(),
+        &arm.label(),
         workload.load_rps,
         replicas.len(),
         &outcomes,
         preemptions,
         started.elapsed().as_secs_f64(),
     );
+    cell.kind = strategy.name().to_owned();
+    cell.instances = n_sidecars;
+    cell.reads_server_load = reads_load;
+    cell.true_priors = arm.true_priors;
     Ok((cell, outcomes))
 }
 

@@ -89,6 +89,17 @@ impl View<'_> {
         self.scraped[replica].map_or(0, |s| s.running)
     }
 
+    /// The freshest count of requests queued at `replica` that a queue scorer can read: with
+    /// `GET /load` (requests in the API server, counted on arrival), that count less the running
+    /// batch, which also covers requests sent during the step in progress; without it, the
+    /// scraped `vllm:num_requests_waiting` (0 before any scrape).
+    pub fn queue(&self, replica: usize) -> u32 {
+        self.scraped[replica].map_or(0, |s| match s.server_load {
+            Some(load) => load.saturating_sub(s.running),
+            None => s.waiting,
+        })
+    }
+
     /// The last scraped KV-cache usage of `replica` (0 before any scrape).
     pub fn kv_cache_usage(&self, replica: usize) -> f64 {
         self.scraped[replica].map_or(0.0, |s| s.kv_cache_usage)

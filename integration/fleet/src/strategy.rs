@@ -11,18 +11,23 @@ pub mod gie;
 pub mod kinference;
 pub mod least_request;
 pub mod llmd_precise;
+pub mod oracle;
 pub mod peak_ewma;
 pub mod random;
 pub mod round_robin;
 pub mod sglang;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    sync::Arc,
+    time::Duration,
+};
 
 use kinference_sim::{KvEvent, SimTime};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::{fleet::ReplicaInfo, sidecar::View};
+use crate::{fleet::ReplicaInfo, priors::PriorFactors, sidecar::View};
 
 /// A request as a router sees it (the output length is unknown to every router).
 #[derive(Copy, Clone, Debug)]
@@ -76,7 +81,61 @@ pub trait Router: Send + std::fmt::Debug {
     fn on_scrape(&mut self, _view: &View<'_>) {}
     /// KV events of `replica` reached this sidecar.
     fn on_kv_events(&mut self, _replica: usize, _events: &[KvEvent], _now: SimTime) {}
+    /// Another instance of the same strategy published what it did (HA replica sync; only
+    /// strategies with [`StrategyKind::replica_sync`] receive these).
+    fn on_peer(&mut self, _event: &PeerEvent, _now: SimTime) {}
 }
+
+/// What one router instance tells its peers when the strategy syncs replicas.
+#[derive(Clone, Debug)]
+pub enum PeerEvent {
+    /// Request `id` was sent to `replica`.
+    Dispatch {
+        id: u64,
+        replica: usize,
+        prompt: Arc<[u32]>,
+    },
+    /// Request `id` produced its first token on `replica`.
+    FirstToken { id: u64, replica: usize },
+    /// Request `id` finished on `replica`.
+    Complete { id: u64, replica: usize },
+}
+
+/// How a system is deployed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Deployment {
+    /// A picker every request passes through (a gateway's endpoint picker, a router service):
+    /// one instance by default, its HA set-up with `--peer-instances`.
+    Central,
+    /// A proxy beside every client (a service mesh's sidecars): `--kinference-sidecars` of them.
+    Mesh,
+}
+
+/// What a strategy's instance is built with.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct BuildContext {
+    /// The routing core's settings for Kinference (and the oracle).
+    pub kinference: kinference_routing::RouterConfig,
+    /// Kinference's priors against the engine's constants.
+    pub priors: PriorFactors,
+    /// The workload's TTFT SLO, in seconds (the `Standard` class's in the policy of
+    /// `kinference-cheapest-within-slo`).
+    pub slo_ttft_s: f64,
+}
+
+impl Default for BuildContext {
+    fn default() -> Self {
+        Self {
+            kinference: kinference_routing::RouterConfig::default(),
+            priors: PriorFactors::MEASURED,
+            slo_ttft_s: 2.0,
+        }
+    }
+}
+
+/// SMG's mesh exchanges state during its SWIM pings, once a second
+/// (lightseekorg/smg, `docs/concepts/architecture/high-availability.md`).
+pub const SGLANG_GOSSIP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The strategies, by name.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -91,9 +150,15 @@ pub enum StrategyKind {
     Sglang,
     Aibrix,
     Kinference,
+    /// The same decision code with the widening rule removed: the headline's baseline.
+    KinferenceRequestedOnly,
+    /// Kinference with the policy objective `CheapestWithinSLO` at the workload's SLO.
+    KinferenceCheapest,
+    Oracle,
 }
 
 impl StrategyKind {
+    /// The systems compared (the oracle, a bound and not a system, is listed apart).
     pub const ALL: [StrategyKind; 10] = [
         StrategyKind::RoundRobin,
         StrategyKind::Random,
@@ -119,34 +184,134 @@ impl StrategyKind {
             StrategyKind::Sglang => "sglang-cache-aware",
             StrategyKind::Aibrix => "aibrix-prefix",
             StrategyKind::Kinference => "kinference",
+            StrategyKind::KinferenceRequestedOnly => "kinference-requested-only",
+            StrategyKind::KinferenceCheapest => "kinference-cheapest-within-slo",
+            StrategyKind::Oracle => "oracle",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.name() == s)
+        Self::ALL
+            .into_iter()
+            .chain(Self::KINFERENCE_VARIANTS)
+            .chain([StrategyKind::Oracle])
+            .find(|k| k.name() == s)
+    }
+
+    /// Whether this is one of Kinference's own strategies (for the report's comparisons: every
+    /// other strategy is a peer). More Kinference variants join here.
+    pub fn is_kinference(self) -> bool {
+        matches!(
+            self,
+            StrategyKind::Kinference
+                | StrategyKind::KinferenceRequestedOnly
+                | StrategyKind::KinferenceCheapest
+        )
+    }
+
+    /// Kinference under other policies, beside `kinference` (LowestTTFT with the widening rule):
+    /// the headline's baseline without the rule, and the `CheapestWithinSLO` objective.
+    pub const KINFERENCE_VARIANTS: [StrategyKind; 2] = [
+        StrategyKind::KinferenceRequestedOnly,
+        StrategyKind::KinferenceCheapest,
+    ];
+
+    /// How the system is deployed: central pickers central, a mesh as a mesh.
+    pub fn deployment(self) -> Deployment {
+        match self {
+            StrategyKind::RoundRobin
+            | StrategyKind::Random
+            | StrategyKind::LeastRequest
+            | StrategyKind::PeakEwma
+            | StrategyKind::Kinference
+            | StrategyKind::KinferenceRequestedOnly
+            | StrategyKind::KinferenceCheapest => Deployment::Mesh,
+            StrategyKind::Gie
+            | StrategyKind::LlmdPrecise
+            | StrategyKind::Dynamo
+            | StrategyKind::Sglang
+            | StrategyKind::Aibrix
+            | StrategyKind::Oracle => Deployment::Central,
+        }
+    }
+
+    /// Of `replicas` deployed picker replicas, how many serve traffic. The Inference Extension's
+    /// chart adds `--ha-enable-leader-election` when `replicas > 1`, so only the leader passes
+    /// readiness and serves (active-passive; llm-d/llm-d `guides/precise-prefix-cache-aware/
+    /// active-active.md`, "Leader election"). llm-d's guide documents active-active instead, every
+    /// replica serving. The oracle is one instance by definition.
+    pub fn serving_instances(self, replicas: usize) -> usize {
+        match self {
+            StrategyKind::Gie | StrategyKind::Oracle => 1,
+            _ => replicas.max(1),
+        }
+    }
+
+    /// How long a peer instance takes to learn what another did, for systems with their own
+    /// replica sync; `None` where a system has none (each instance knows only its own work).
+    /// - Dynamo: `--router-replica-sync` publishes active-sequence lifecycle events over NATS core
+    ///   (ai-dynamo/dynamo `docs/components/router/router-operations.md`, "Active Block Replica
+    ///   Synchronization"): the event plane's delay, as for KV events.
+    /// - SGLang's gateway (SMG) with `--enable-mesh` replicates its cache-aware radix trees by
+    ///   gossip ([`SGLANG_GOSSIP_INTERVAL`]); loads stay local.
+    /// - llm-d active-active: every replica subscribes to every pod's KV events (which the fleet
+    ///   delivers to every instance anyway) and nothing else is shared.
+    /// - AIBrix, the Inference Extension, the mesh strategies: none.
+    pub fn replica_sync(self, event_plane_delay: Duration) -> Option<Duration> {
+        match self {
+            StrategyKind::Dynamo => Some(event_plane_delay),
+            StrategyKind::Sglang => Some(SGLANG_GOSSIP_INTERVAL),
+            _ => None,
+        }
+    }
+
+    /// Whether the strategy's published design reads a server-side queue that vLLM's `GET /load`
+    /// can supply fresher than `/metrics` (the Inference Extension's and llm-d's queue scorers,
+    /// Kinference). The others count their own requests (SGLang, AIBrix, Dynamo, Linkerd, Envoy)
+    /// or read nothing.
+    pub fn reads_server_load(self) -> bool {
+        matches!(
+            self,
+            StrategyKind::Gie
+                | StrategyKind::LlmdPrecise
+                | StrategyKind::Kinference
+                | StrategyKind::KinferenceRequestedOnly
+                | StrategyKind::KinferenceCheapest
+                | StrategyKind::Oracle
+        )
+    }
+
+    /// Whether the run loop hands this strategy the engines' true state at each decision (the
+    /// oracle only).
+    pub fn sees_truth(self) -> bool {
+        matches!(self, StrategyKind::Oracle)
     }
 
     /// Whether the strategy subscribes to KV events.
     pub fn wants_kv_events(self) -> bool {
         matches!(
             self,
-            StrategyKind::LlmdPrecise | StrategyKind::Dynamo | StrategyKind::Kinference
+            StrategyKind::LlmdPrecise
+                | StrategyKind::Dynamo
+                | StrategyKind::Kinference
+                | StrategyKind::KinferenceRequestedOnly
+                | StrategyKind::KinferenceCheapest
+                | StrategyKind::Oracle
         )
     }
 
     /// Whether the strategy applies Kinference's cross-model policy (the others route within the
     /// requested model's pool).
     pub fn cross_model(self) -> bool {
-        matches!(self, StrategyKind::Kinference)
+        matches!(
+            self,
+            StrategyKind::Kinference | StrategyKind::KinferenceCheapest | StrategyKind::Oracle
+        )
     }
 
-    /// A fresh instance for one sidecar of a fleet with `replicas`; `kinference` configures the
-    /// Kinference strategy (the others use their published defaults).
-    pub fn build(
-        self,
-        replicas: &[ReplicaInfo],
-        kinference: &kinference_routing::RouterConfig,
-    ) -> Box<dyn Router> {
+    /// A fresh instance for one sidecar (or picker replica) of a fleet with `replicas`; `ctx`
+    /// configures Kinference (the others use their published defaults).
+    pub fn build(self, replicas: &[ReplicaInfo], ctx: &BuildContext) -> Box<dyn Router> {
         match self {
             StrategyKind::RoundRobin => Box::new(round_robin::RoundRobin::default()),
             StrategyKind::Random => Box::new(random::Random),
@@ -157,9 +322,26 @@ impl StrategyKind {
             StrategyKind::Dynamo => Box::new(dynamo::DynamoKv::new(replicas)),
             StrategyKind::Sglang => Box::new(sglang::SglangCacheAware::new(replicas.len())),
             StrategyKind::Aibrix => Box::new(aibrix::AibrixPrefix::new(replicas.len())),
-            StrategyKind::Kinference => {
-                Box::new(kinference::Kinference::new(replicas, *kinference))
-            }
+            StrategyKind::Kinference => Box::new(kinference::Kinference::new(
+                replicas,
+                ctx.kinference,
+                ctx.priors,
+            )),
+            StrategyKind::KinferenceRequestedOnly => Box::new(kinference::Kinference::with_policy(
+                replicas,
+                ctx.kinference,
+                kinference::PolicyVariant::RequestedOnly,
+                ctx.priors,
+            )),
+            StrategyKind::KinferenceCheapest => Box::new(kinference::Kinference::with_policy(
+                replicas,
+                ctx.kinference,
+                kinference::PolicyVariant::CheapestWithinSlo {
+                    slo: std::time::Duration::from_secs_f64(ctx.slo_ttft_s),
+                },
+                ctx.priors,
+            )),
+            StrategyKind::Oracle => Box::new(oracle::build(replicas, ctx.kinference)),
         }
     }
 }
@@ -284,6 +466,11 @@ impl KvIndex {
         }
     }
 
+    /// Whether `replica` holds block `hash`.
+    pub fn holds(&self, replica: usize, hash: u64) -> bool {
+        self.cached[replica].contains(&hash)
+    }
+
     /// Leading blocks of `hashes` that `replica` holds.
     pub fn leading_matches(&self, replica: usize, hashes: &[u64]) -> usize {
         hashes
@@ -375,7 +562,7 @@ mod tests {
         assert_eq!(seen[2], 0);
         assert!(seen[0] > 100 && seen[1] > 100, "{seen:?}");
         assert_eq!(argmin_random(&scored, &mut rng), 2);
-        for k in StrategyKind::ALL {
+        for k in StrategyKind::ALL.into_iter().chain([StrategyKind::Oracle]) {
             assert_eq!(StrategyKind::parse(k.name()), Some(k));
         }
     }

@@ -13,6 +13,7 @@ use std::{
 };
 
 use crate::{
+    arm::{self, Arm},
     report::{self, CellResult},
     run::{RunConfig, run_cell, run_cell_detailed},
     strategy::StrategyKind,
@@ -27,6 +28,19 @@ pub enum Suite {
 }
 
 impl Suite {
+    /// The size of `kind`'s points: the suite's, with fewer requests in the CI suite for the
+    /// workloads of long prompts (their engine steps dominate a debug build's run time).
+    pub fn size_of(self, kind: WorkloadKind) -> Size {
+        let mut size = self.size();
+        if self == Suite::Ci {
+            size.requests = match kind {
+                WorkloadKind::Mooncake => 80,
+                _ => size.requests,
+            };
+        }
+        size
+    }
+
     pub fn size(self) -> Size {
         match self {
             Suite::Full => Size {
@@ -34,7 +48,7 @@ impl Suite {
                 shrink: 1,
             },
             Suite::Ci => Size {
-                requests: 300,
+                requests: 200,
                 shrink: 2,
             },
         }
@@ -48,12 +62,31 @@ impl Suite {
             (Suite::Full, WorkloadKind::Mooncake) => vec![1.0, 2.0, 4.0, 6.0],
             (Suite::Full, WorkloadKind::Azure) => vec![4.0, 8.0, 12.0, 16.0],
             (Suite::Full, WorkloadKind::MultiTurn) => vec![0.25, 0.5, 1.0, 2.0, 3.0],
-            (Suite::Full, WorkloadKind::TwoModel) => vec![5.0, 10.0, 20.0, 30.0],
+            (Suite::Full, WorkloadKind::TwoModel) => vec![10.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0],
             (Suite::Ci, WorkloadKind::SharedPrefix) => vec![1.5],
             (Suite::Ci, WorkloadKind::Mooncake) => vec![2.0],
             (Suite::Ci, WorkloadKind::Azure) => vec![4.0],
             (Suite::Ci, WorkloadKind::MultiTurn) => vec![0.5],
             (Suite::Ci, WorkloadKind::TwoModel) => vec![2.0],
+        }
+    }
+
+    /// The arms the suite runs by default: the full suite every column of the report
+    /// ([`arm::published`]); the CI suite every strategy as deployed, the oracle, and one of each
+    /// kind of Kinference variant, at a small mesh.
+    pub fn arms(self) -> Vec<Arm> {
+        match self {
+            Suite::Full => arm::published(),
+            Suite::Ci => {
+                let mut arms: Vec<Arm> = StrategyKind::ALL.into_iter().map(Arm::of).collect();
+                arms.push(Arm::of(StrategyKind::Kinference).with_instances(1));
+                arms.push(Arm::of(StrategyKind::Kinference).with_true_priors());
+                arms.push(Arm::of(StrategyKind::Kinference).without_server_load());
+                arms.push(Arm::of(StrategyKind::Gie).without_server_load());
+                arms.extend(StrategyKind::KINFERENCE_VARIANTS.map(Arm::of));
+                arms.push(Arm::of(StrategyKind::Oracle));
+                arms
+            }
         }
     }
 }
@@ -63,7 +96,8 @@ impl Suite {
 pub struct Plan {
     pub suite: Suite,
     pub workloads: Vec<WorkloadKind>,
-    pub strategies: Vec<StrategyKind>,
+    /// The columns: strategies, each deployed and fed as its arm says.
+    pub arms: Vec<Arm>,
     /// Overrides the suite's loads when set (same loads for every workload).
     pub loads: Option<Vec<f64>>,
     /// Overrides the suite's requests per point when set.
@@ -76,15 +110,15 @@ pub struct Plan {
     pub dump_requests: Option<PathBuf>,
 }
 
-/// Builds every workload point, then runs every (point, strategy) cell on `plan.threads` threads.
-/// Results are ordered by workload, load, then strategy, as listed in the plan.
+/// Builds every workload point, then runs every (point, arm) cell on `plan.threads` threads.
+/// Results are ordered by workload, load, then arm, as listed in the plan.
 pub fn run(plan: &Plan) -> Result<Vec<CellResult>, SuiteError> {
-    let mut size = plan.suite.size();
-    if let Some(n) = plan.requests {
-        size.requests = n;
-    }
     let mut points: Vec<Arc<Workload>> = Vec::new();
     for &kind in &plan.workloads {
+        let mut size = plan.suite.size_of(kind);
+        if let Some(n) = plan.requests {
+            size.requests = n;
+        }
         let loads = plan.loads.clone().unwrap_or_else(|| plan.suite.loads(kind));
         for load in loads {
             points.push(Arc::new(workload::build(
@@ -96,9 +130,9 @@ pub fn run(plan: &Plan) -> Result<Vec<CellResult>, SuiteError> {
             )?));
         }
     }
-    let jobs: Vec<(usize, Arc<Workload>, StrategyKind)> = points
+    let jobs: Vec<(usize, Arc<Workload>, Arm)> = points
         .iter()
-        .flat_map(|w| plan.strategies.iter().map(move |&s| (w.clone(), s)))
+        .flat_map(|w| plan.arms.iter().map(move |a| (w.clone(), a.clone())))
         .enumerate()
         .map(|(i, (w, s))| (i, w, s))
         .collect();
@@ -113,7 +147,7 @@ pub fn run(plan: &Plan) -> Result<Vec<CellResult>, SuiteError> {
                     let Some((idx, w, s)) = jobs.get(i) else {
                         break;
                     };
-                    let r = run_and_dump(w, *s, plan);
+                    let r = run_and_dump(w, s, plan);
                     if let Ok(mut slots) = results.lock() {
                         slots[*idx] = Some(r);
                     }
@@ -130,20 +164,16 @@ pub fn run(plan: &Plan) -> Result<Vec<CellResult>, SuiteError> {
         .collect()
 }
 
-fn run_and_dump(
-    w: &Workload,
-    strategy: StrategyKind,
-    plan: &Plan,
-) -> Result<CellResult, SuiteError> {
+fn run_and_dump(w: &Workload, arm: &Arm, plan: &Plan) -> Result<CellResult, SuiteError> {
     let Some(dir) = &plan.dump_requests else {
-        return Ok(run_cell(w, strategy, &plan.run)?);
+        return Ok(run_cell(w, arm, &plan.run)?);
     };
-    let (cell, outcomes) = run_cell_detailed(w, strategy, &plan.run)?;
+    let (cell, outcomes) = run_cell_detailed(w, arm, &plan.run)?;
     let path = dir.join(format!(
         "{}-{}-{}.csv",
         w.kind.name(),
         w.load_rps,
-        strategy.name()
+        arm.label().replace(':', "_")
     ));
     std::fs::write(&path, report::requests_csv(&outcomes)).map_err(|source| SuiteError::Dump {
         path: path.clone(),

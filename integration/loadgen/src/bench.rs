@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::rt::TokioIo;
 pub use procs::Memory;
-use procs::{Proc, addr_field};
+use procs::addr_field;
 use serde::Serialize;
 use std::{
     collections::BTreeMap,
@@ -30,7 +30,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 /// The benchmark's settings.
@@ -179,13 +179,13 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::clock::now() + timeout;
     loop {
         let err = match check().await {
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
-        if Instant::now() > deadline {
+        if crate::clock::now() > deadline {
             return Err(err.context(format!("{what} not ready within {timeout:?}")));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -223,7 +223,7 @@ pub async fn run(args: &BenchArgs, command_line: &str) -> anyhow::Result<BenchRe
         "127.0.0.1:0",
     ])
     .args(["--threads", &args.upstream_threads.to_string()]);
-    let (upstream, line) = Proc::spawn(
+    let (upstream, line) = procs::spawn(
         "upstream",
         cmd,
         &work.path().join("upstream.log"),
@@ -248,7 +248,7 @@ pub async fn run(args: &BenchArgs, command_line: &str) -> anyhow::Result<BenchRe
         "--admin-addr",
         "127.0.0.1:0",
     ]);
-    let (_controller, line) = Proc::spawn(
+    let (_controller, line) = procs::spawn(
         "controller",
         cmd,
         &work.path().join("controller.log"),
@@ -271,7 +271,7 @@ pub async fn run(args: &BenchArgs, command_line: &str) -> anyhow::Result<BenchRe
         "--workload",
         "default/app",
     ]);
-    let (proxy, line) = Proc::spawn(
+    let (proxy, line) = procs::spawn(
         "proxy",
         cmd,
         &work.path().join("proxy.log"),
@@ -290,7 +290,7 @@ pub async fn run(args: &BenchArgs, command_line: &str) -> anyhow::Result<BenchRe
     let mut cmd = Command::new(&args.nginx_bin);
     cmd.arg("-p").arg(&nginx_dir).arg("-c").arg(&conf);
     cmd.args(["-e", "stderr"]);
-    let (nginx, _) = Proc::spawn(
+    let (nginx, _) = procs::spawn(
         "nginx",
         cmd,
         &work.path().join("nginx.log"),
@@ -329,8 +329,8 @@ pub async fn run(args: &BenchArgs, command_line: &str) -> anyhow::Result<BenchRe
 
     // Idle memory: policy received, scrapers running, no requests for a while.
     tokio::time::sleep(Duration::from_secs_f64(args.idle_s)).await;
-    let idle = procs::memory(proxy.pid())?;
-    let nginx_pids = procs::with_children(nginx.pid());
+    let idle = procs::memory(proxy.id())?;
+    let nginx_pids = procs::with_children(nginx.id());
     let nginx_idle_rss_kib = nginx_pids
         .iter()
         .filter_map(|p| procs::memory(*p).ok())
@@ -365,17 +365,17 @@ pub async fn run(args: &BenchArgs, command_line: &str) -> anyhow::Result<BenchRe
                     timeout: Duration::from_secs(10),
                 };
                 let watched: Vec<(&str, Vec<u32>)> = vec![
-                    ("upstream", vec![upstream.pid()]),
+                    ("upstream", vec![upstream.id()]),
                     ("nginx", nginx_pids.clone()),
-                    ("kinference-proxy", vec![proxy.pid()]),
+                    ("kinference-proxy", vec![proxy.id()]),
                     ("loadgen", vec![std::process::id()]),
                 ];
                 let cpu_of = |pids: &[u32]| -> u64 {
                     pids.iter().filter_map(|p| procs::cpu_ticks(*p).ok()).sum()
                 };
                 let before: Vec<u64> = watched.iter().map(|(_, p)| cpu_of(p)).collect();
-                let sampler = (name == "kinference-proxy").then(|| sample_peak_rss(proxy.pid()));
-                let t0 = Instant::now();
+                let sampler = (name == "kinference-proxy").then(|| sample_peak_rss(proxy.id()));
+                let t0 = crate::clock::now();
                 let summary = load::run(&spec).await?;
                 let elapsed_s = t0.elapsed().as_secs_f64();
                 let peak = sampler.map(|(stop, peak, h)| {
@@ -418,7 +418,7 @@ pub async fn run(args: &BenchArgs, command_line: &str) -> anyhow::Result<BenchRe
             }
         }
     }
-    let end = procs::memory(proxy.pid())?;
+    let end = procs::memory(proxy.id())?;
     let report = BenchReport {
         machine: machine(),
         settings: BTreeMap::from([

@@ -3,6 +3,7 @@
 //! connection and nginx in one run.
 
 pub mod bench;
+pub mod clock;
 pub mod load;
 pub mod pool;
 pub mod report;

@@ -147,7 +147,7 @@ pub async fn run(spec: &LoadSpec) -> Result<Summary, LoadError> {
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Outcome>();
     let handle = tokio::runtime::Handle::current();
-    let start = Instant::now() + Duration::from_millis(20);
+    let start = crate::clock::now() + Duration::from_millis(20);
     let (mode, body, timeout) = (spec.mode, spec.body.clone(), spec.timeout);
     let pacer_pool = Arc::clone(&pool);
     let pacer = std::thread::Builder::new()
@@ -155,7 +155,7 @@ pub async fn run(spec: &LoadSpec) -> Result<Summary, LoadError> {
         .spawn(move || {
             for i in 0..total_n {
                 let intended = start + interval.mul_f64(i as f64);
-                let now = Instant::now();
+                let now = crate::clock::now();
                 if intended > now {
                     std::thread::sleep(intended - now);
                 }
@@ -232,14 +232,14 @@ async fn one(
     intended: Instant,
     timeout: Duration,
 ) -> Outcome {
-    let lag_us = micros(Instant::now().saturating_duration_since(intended));
+    let lag_us = micros(crate::clock::now().saturating_duration_since(intended));
     let mut first_chunk: Option<Instant> = None;
     let exchange = exchange(pool, target, body, mode, &mut first_chunk);
     let result = match tokio::time::timeout_at((intended + timeout).into(), exchange).await {
         Ok(r) => r,
         Err(_) => Err("timeout".to_string()),
     };
-    let done = Instant::now();
+    let done = crate::clock::now();
     Outcome {
         measured: false,
         lag_us,
@@ -294,7 +294,7 @@ async fn exchange(
         if mode == Mode::Stream {
             tail.extend_from_slice(data);
             if first_chunk.is_none() && contains(&tail, b"data:") {
-                *first_chunk = Some(Instant::now());
+                *first_chunk = Some(crate::clock::now());
             }
             if contains(&tail, b"data: [DONE]") {
                 done_seen = true;

@@ -20,6 +20,8 @@ fn steady_loop(profile: &Profile, clients: u32) -> ClosedLoop {
     lp
 }
 
+// A benchmark times the OS clock itself (the clock rule is for code that tests pause).
+#[allow(clippy::disallowed_methods)]
 fn bench(c: &mut Criterion) {
     for name in ["qwen-3.6-27b", "glm-5.3"] {
         let Some(profile) = Profile::named(name) else {

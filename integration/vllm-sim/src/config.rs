@@ -28,11 +28,23 @@ pub struct ReplicaConfig {
     pub seed: u64,
     /// Publish vLLM KV events on a ZMQ PUB socket when set.
     pub kv_events: Option<KvEventsConfig>,
+    /// The address a KV-events endpoint's `*` binds (`tcp://*:5557`): loopback unless asked
+    /// otherwise (`--kv-events-bind-host`), where vLLM binds every address, so that a simulator
+    /// never publishes its cache contents to the network by default.
+    pub kv_events_bind_host: std::net::IpAddr,
     /// Faults injected from the start (changeable at run time with `POST /sim/faults`).
     pub faults: FaultConfig,
     /// `--enable-server-load-tracking`: `GET /load` counts the completion requests the server
     /// holds (from arrival until their response is written); without it, as in vLLM, it stays 0.
     pub server_load_tracking: bool,
+    /// Report `usage.prompt_tokens_details.cached_tokens`, as vLLM does only with
+    /// `--enable-prompt-tokens-details`. On by default, where vLLM's is off; off
+    /// (`--no-prompt-tokens-details`), usage reads as a default vLLM's:
+    /// `"prompt_tokens_details": null`, and no such key in a stream's usage chunk.
+    pub prompt_tokens_details: bool,
+    /// Text every generated answer begins with (`{model}` is the served model's name), so a test
+    /// that sees only answers (a quality judge's stand-in, say) can tell which model wrote one.
+    pub answer_prefix: String,
 }
 
 /// Why a configuration cannot be served.
@@ -72,12 +84,15 @@ impl ReplicaConfig {
             cost: profile.cost.clone(),
             lora_modules: Vec::new(),
             max_loras: 1,
+            answer_prefix: String::new(),
             default_max_tokens: 64,
             time_scale: 1.0,
             seed: 0,
             kv_events: None,
+            kv_events_bind_host: std::net::Ipv4Addr::LOCALHOST.into(),
             faults: FaultConfig::default(),
             server_load_tracking: false,
+            prompt_tokens_details: true,
         }
     }
 

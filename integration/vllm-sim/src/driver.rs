@@ -14,20 +14,32 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use kinference_sim::{
     Engine, EngineEvent, EngineRequest, EngineStats, KvEvent, RequestId, SimTime, SubmitError,
 };
 use parking_lot::Mutex;
-use tokio::sync::{Notify, mpsc};
+use tokio::{
+    sync::{Notify, mpsc},
+    time::Instant,
+};
 
-/// Wall time to virtual time and back.
+/// Wall time to virtual time and back, on tokio's clock (so tests may pause it); the calendar
+/// time events carry is read in [`unix_now_s`], the crate's one reading of it.
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
     start: Instant,
     scale: f64,
+}
+
+/// Seconds since the Unix epoch, as vLLM stamps KV-event batches and responses.
+#[allow(clippy::disallowed_methods)]
+pub fn unix_now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl Clock {
@@ -241,9 +253,7 @@ impl Driver {
         if events.is_empty() {
             return;
         }
-        let ts_unix_s = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
+        let ts_unix_s = unix_now_s();
         let lora_names = self.lora_ids.lock().clone();
         let _ = tx.send(KvBatch {
             ts_unix_s,
@@ -269,7 +279,7 @@ impl Driver {
                 output
             };
             step_end = now + output.duration;
-            tokio::time::sleep_until(self.clock.wall_instant(step_end).into()).await;
+            tokio::time::sleep_until(self.clock.wall_instant(step_end)).await;
             self.engine.lock().end_step();
             self.deliver(output.events);
         }

@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod config;
 pub mod driver;
 pub mod error;

@@ -5,6 +5,12 @@
 //! `engine` labels, histogram buckets, counters as `_total` plus a `_created` gauge). A small
 //! encoder of our own writes the same bytes from `EngineStats`, with no registry to keep in sync.
 //!
+//! It is held to an exposition recorded from real vLLM 0.32.0
+//! (`proxy/signals/tests/fixtures/vllm-0.32.0`, compared by `tests/server/recorded.rs`): the same
+//! names, label names (in vLLM's sorted order) and buckets for every family here. vLLM exposes
+//! about sixty more `vllm:` families that no router reads (per-request histograms, multimodal and
+//! offloading counters); the simulator leaves them out, and that test lists them.
+//!
 //! Times in the histograms are virtual seconds (the engine's clock), not wall seconds.
 
 use std::fmt::Write;
@@ -36,6 +42,7 @@ pub const E2E_BUCKETS_S: &[f64] = &[
 pub const FAMILIES: &[&str] = &[
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
+    "vllm:num_requests_waiting_by_reason",
     "vllm:kv_cache_usage_perc",
     "vllm:prefix_cache_queries",
     "vllm:prefix_cache_hits",
@@ -46,6 +53,7 @@ pub const FAMILIES: &[&str] = &[
     "vllm:inter_token_latency_seconds",
     "vllm:e2e_request_latency_seconds",
     "vllm:cache_config_info",
+    // Always, where vLLM has it only with `--enable-lora`: the simulator always serves adapters.
     "vllm:lora_requests_info",
 ];
 
@@ -96,7 +104,10 @@ fn escape(v: &str) -> String {
         .replace('\n', r"\n")
 }
 
+/// `{k="v",...}` with the labels sorted by name, as vLLM 0.32 writes them.
 fn labels(pairs: &[(&str, &str)]) -> String {
+    let mut pairs = pairs.to_vec();
+    pairs.sort_by_key(|(k, _)| *k);
     let inner = pairs
         .iter()
         .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
@@ -163,6 +174,11 @@ impl Encoder<'_> {
     }
 }
 
+/// Python's `str()` of a float: `512.0`, `0.5`, `1.25`.
+fn py_float(v: f64) -> String {
+    format!("{v:?}")
+}
+
 /// Python's `str()` of a bool.
 fn py_bool(b: bool) -> &'static str {
     if b { "True" } else { "False" }
@@ -186,6 +202,23 @@ pub fn encode(s: &Snapshot<'_>) -> String {
         "Number of requests waiting to be processed.",
         f64::from(st.num_requests_waiting),
     );
+    // vLLM's reasons: `capacity` (waiting for scheduling capacity) and `deferred` (held back by a
+    // transient constraint: LoRA budget, KV transfer). The simulated scheduler defers nothing.
+    e.header(
+        "vllm:num_requests_waiting_by_reason",
+        "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling \
+         capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, \
+         blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+        "gauge",
+    );
+    for (reason, n) in [("capacity", st.num_requests_waiting), ("deferred", 0)] {
+        let l = labels(&[e.base[0], e.base[1], ("reason", reason)]);
+        let _ = writeln!(
+            e.out,
+            "vllm:num_requests_waiting_by_reason{l} {}",
+            go_float(f64::from(n))
+        );
+    }
     e.gauge(
         "vllm:kv_cache_usage_perc",
         "KV-cache usage. 1 means 100 percent usage.",
@@ -235,35 +268,61 @@ pub fn encode(s: &Snapshot<'_>) -> String {
         E2E_BUCKETS_S,
     );
 
-    // vLLM's info gauges: CacheConfig.metrics_info() (str() of each field) plus `engine`.
+    // vLLM's info gauge: CacheConfig.metrics_info() (str() of each field) plus `engine`, with
+    // vLLM 0.32's labels; those the simulator has no counterpart for carry vLLM's defaults.
     let block_size = s.engine.block_size.to_string();
     let num_gpu_blocks = s.engine.num_gpu_blocks.to_string();
+    let size_tokens = u64::from(s.engine.num_gpu_blocks) * u64::from(s.engine.block_size);
+    let kv_cache_size_tokens = size_tokens.to_string();
+    let max_concurrency = py_float(size_tokens as f64 / f64::from(s.engine.max_model_len.max(1)));
     e.header(
         "vllm:cache_config_info",
         "Information of the LLMEngine CacheConfig",
         "gauge",
     );
     let l = labels(&[
+        ("_block_size_resolved", "True"),
         ("block_size", &block_size),
         ("cache_dtype", "auto"),
-        ("calculate_kv_scales", "False"),
-        ("cpu_offload_gb", "0"),
+        ("cache_hit_alignment_tokens", "None"),
+        ("effective_attention_block_size", &block_size),
+        ("enable_mamba_shared_prefix_checkpoint", "False"),
         (
             "enable_prefix_caching",
             py_bool(s.engine.enable_prefix_caching),
         ),
-        ("gpu_memory_utilization", "0.9"),
+        ("engine", "0"),
+        ("gpu_memory_utilization", "0.92"),
+        ("hash_block_size", "None"),
         ("is_attention_free", "False"),
+        ("kv_cache_dtype_skip_layers", "[]"),
+        ("kv_cache_layout", "None"),
+        ("kv_cache_max_concurrency", &max_concurrency),
+        ("kv_cache_memory_bytes", "None"),
+        ("kv_cache_size_tokens", &kv_cache_size_tokens),
+        ("kv_offloading_backend", "native"),
+        ("kv_offloading_size", "None"),
+        ("kv_sharing_fast_prefill", "False"),
+        ("mamba_block_size", "None"),
+        ("mamba_cache_dtype", "auto"),
+        ("mamba_cache_mode", "none"),
+        ("mamba_page_size_padded", "None"),
+        ("mamba_ssm_cache_dtype", "float32"),
         ("num_cpu_blocks", "None"),
         ("num_gpu_blocks", &num_gpu_blocks),
         ("num_gpu_blocks_override", "None"),
+        ("prefix_cache_retention_interval", "0"),
         ("prefix_caching_hash_algo", "sha256"),
+        ("prefix_match_unit", "None"),
+        ("replayssm_buffer_len", "16"),
+        ("skip_page_size_padded", "None"),
         ("sliding_window", "None"),
-        ("swap_space", "4"),
-        ("engine", "0"),
+        ("swa_bounded_replay", "True"),
+        ("use_kda_recoverssm", "False"),
+        ("use_replayssm", "False"),
+        ("user_specified_block_size", "False"),
     ]);
     let _ = writeln!(e.out, "vllm:cache_config_info{l} 1.0");
-
     e.header(
         "vllm:lora_requests_info",
         "Running stats on lora requests.",
@@ -320,6 +379,6 @@ mod tests {
             .map(|l| l.rsplit(' ').next().unwrap())
             .collect();
         assert_eq!(values, ["0.0", "2.0", "2.0", "5.0", "6.0"]);
-        assert!(lines[0].contains(r#"{model_name="m",engine="0",le="0.05"}"#));
+        assert!(lines[0].contains(r#"{engine="0",le="0.05",model_name="m"}"#));
     }
 }

@@ -32,6 +32,10 @@ pub struct Job {
     pub max_tokens: u32,
     pub stream: bool,
     pub include_usage: bool,
+    /// What the answer's first token is preceded by (see `ReplicaConfig::answer_prefix`).
+    pub answer_prefix: String,
+    /// Usage reports `prompt_tokens_details` (see `ReplicaConfig::prompt_tokens_details`).
+    pub prompt_tokens_details: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -189,6 +193,10 @@ fn single_choice(n: Option<u32>) -> Result<(), ApiError> {
     }
 }
 
+fn answer_prefix(config: &ReplicaConfig) -> String {
+    config.answer_prefix.replace("{model}", &config.model)
+}
+
 /// Parses and validates `POST /v1/chat/completions`.
 pub fn parse_chat(config: &ReplicaConfig, body: &[u8]) -> Result<Job, ApiError> {
     let req: ChatRequest = parse_json(body)?;
@@ -209,6 +217,8 @@ pub fn parse_chat(config: &ReplicaConfig, body: &[u8]) -> Result<Job, ApiError> 
                 .stream_options
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
+        answer_prefix: answer_prefix(config),
+        prompt_tokens_details: config.prompt_tokens_details,
     })
 }
 
@@ -242,6 +252,8 @@ pub fn parse_completion(config: &ReplicaConfig, body: &[u8]) -> Result<Job, ApiE
                 .stream_options
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
+        answer_prefix: answer_prefix(config),
+        prompt_tokens_details: config.prompt_tokens_details,
     })
 }
 
@@ -263,22 +275,36 @@ pub fn parse_tokenize(config: &ReplicaConfig, body: &[u8]) -> Result<Vec<u32>, A
     }
 }
 
-/// Usage, as vLLM reports it (with `prompt_tokens_details.cached_tokens`).
+/// Usage, as vLLM reports it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub cached_tokens: u32,
+    /// `prompt_tokens_details.cached_tokens` is reported (vLLM's
+    /// `--enable-prompt-tokens-details`). Without it vLLM 0.32 writes `"prompt_tokens_details":
+    /// null` in a response and leaves the key out of a stream's usage chunk (recorded in
+    /// `proxy/signals/tests/fixtures/vllm-0.32.0`).
+    pub prompt_tokens_details: bool,
 }
 
 impl Usage {
-    pub fn json(&self) -> Value {
-        json!({
+    /// The `usage` of a response (`stream: false`) or of a stream's usage chunk.
+    pub fn json(&self, stream: bool) -> Value {
+        let mut usage = json!({
             "prompt_tokens": self.prompt_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "completion_tokens": self.completion_tokens,
-            "prompt_tokens_details": { "cached_tokens": self.cached_tokens },
-        })
+        });
+        if self.prompt_tokens_details {
+            usage["prompt_tokens_details"] = json!({ "cached_tokens": self.cached_tokens });
+        } else if !stream {
+            usage["prompt_tokens_details"] = Value::Null;
+        }
+        if !stream {
+            usage["completion_tokens_details"] = Value::Null;
+        }
+        usage
     }
 }
 
@@ -292,9 +318,7 @@ pub struct ResponseId {
 
 impl ResponseId {
     pub fn new(endpoint: Endpoint, request: u64, model: &str) -> Self {
-        let created = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let created = crate::driver::unix_now_s() as u64;
         let prefix = match endpoint {
             Endpoint::Chat => "chatcmpl",
             Endpoint::Completions => "cmpl",
@@ -334,7 +358,7 @@ pub fn full_response(endpoint: Endpoint, rid: &ResponseId, text: &str, usage: Us
         "created": rid.created,
         "model": rid.model,
         "choices": [choice],
-        "usage": usage.json(),
+        "usage": usage.json(false),
     })
 }
 
@@ -395,7 +419,7 @@ pub fn usage_chunk(endpoint: Endpoint, rid: &ResponseId, usage: Usage) -> Value 
         "created": rid.created,
         "model": rid.model,
         "choices": [],
-        "usage": usage.json(),
+        "usage": usage.json(true),
     })
 }
 

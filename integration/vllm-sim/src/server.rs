@@ -113,12 +113,6 @@ pub struct Replica {
     kv_events: Option<JoinHandle<()>>,
 }
 
-fn unix_now_s() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
 /// Starts a replica listening on `addr` (port 0 picks a free port; see [`Replica::local_addr`]).
 pub async fn serve(config: ReplicaConfig, addr: SocketAddr) -> Result<Replica, ServeError> {
     config.validate()?;
@@ -131,7 +125,7 @@ pub async fn serve(config: ReplicaConfig, addr: SocketAddr) -> Result<Replica, S
 
     let (kv_tx, kv_task) = match &config.kv_events {
         Some(kv) => {
-            let (tx, task) = kv_events::start(kv).await?;
+            let (tx, task) = kv_events::start(kv, config.kv_events_bind_host).await?;
             (Some(tx), Some(task))
         }
         None => (None, None),
@@ -142,7 +136,7 @@ pub async fn serve(config: ReplicaConfig, addr: SocketAddr) -> Result<Replica, S
     let state = Arc::new(State {
         faults: Mutex::new(config.faults.clone()),
         rng: Mutex::new(fault::rng(config.seed)),
-        created_unix_s: unix_now_s(),
+        created_unix_s: crate::driver::unix_now_s(),
         server_load: Arc::new(AtomicU32::new(0)),
         driver,
         config,
@@ -388,7 +382,7 @@ async fn metrics_response(state: &State) -> Result<Response<Body>, ApiError> {
         lora: &lora,
         max_loras: state.config.max_loras,
         created_unix_s: state.created_unix_s,
-        now_unix_s: unix_now_s(),
+        now_unix_s: crate::driver::unix_now_s(),
     });
     let mut resp = Response::new(full(text));
     resp.headers_mut().insert(

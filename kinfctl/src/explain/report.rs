@@ -1,6 +1,6 @@
 //! The explanation as a person reads it.
 //!
-//! The JSON is the proxy's dry run (`kinference_proxy::admin::explain`), whatever computed it;
+//! The JSON is the proxy's dry run (`kinference_decision::explain`), whatever computed it;
 //! this module reads the parts a person needs into plain types (tolerant of fields it does not
 //! know, so a newer proxy still renders) and lays them out as tables. Rendering is a pure
 //! function of the report, tested here on fixed inputs.
@@ -84,6 +84,46 @@ pub struct Unavailable {
 pub struct RuleTrace {
     pub rule: String,
     pub matched: bool,
+}
+
+/// A matched rule's quality guard, for the prompt's family (`/debug/explain`'s `guards`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct GuardView {
+    pub rule: String,
+    pub family: String,
+    pub tenant: Option<String>,
+    pub state: String,
+    pub samples: u32,
+    pub min_samples: u32,
+    pub gap: Option<f64>,
+    pub tolerance: f64,
+    pub capped_share: f64,
+}
+
+impl GuardView {
+    fn describe(&self) -> String {
+        let who = self
+            .tenant
+            .as_deref()
+            .map_or(String::new(), |t| format!("{t}, "));
+        let measured = match self.gap {
+            Some(g) => format!(
+                "gap {g:.2} over {} of {} samples, tolerance {:.2}",
+                self.samples, self.min_samples, self.tolerance
+            ),
+            None => format!("no verdicts yet, {} needed", self.min_samples),
+        };
+        let does = match self.state.as_str() {
+            "measuring" => format!("moves at most {:.0}%", self.capped_share * 100.0),
+            "suspended" => "moves nothing".into(),
+            _ => "applies in full".into(),
+        };
+        format!(
+            "{} ({who}family {}: {measured}; {does})",
+            self.state, self.family
+        )
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -181,6 +221,54 @@ pub struct Routing {
     pub decision: Decision,
     pub order: Vec<String>,
     pub refused: Option<String>,
+    pub objective: Option<ObjectiveView>,
+}
+
+/// What the policy's objective decided (`kinference_decision::ObjectiveOutcome`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ObjectiveView {
+    pub objective: String,
+    pub decided_by: String,
+    pub ttft_slo_s: Option<f64>,
+    pub tolerance_s: Option<f64>,
+    pub fastest: usize,
+    pub ttft_given_up_s: f64,
+    pub chosen_cost: f64,
+    pub fastest_cost: f64,
+}
+
+impl ObjectiveView {
+    /// One line: the objective, and why the choice is the one it is.
+    fn describe(&self, d: &Decision) -> String {
+        let fastest = d
+            .candidates
+            .get(self.fastest)
+            .map_or("?", |c| c.endpoint.as_str());
+        let what = match (self.objective.as_str(), self.ttft_slo_s, self.tolerance_s) {
+            ("cheapest_within_slo", Some(slo), _) => format!("cheapest within SLO {}", secs(slo)),
+            ("lowest_ttft", _, Some(t)) => {
+                format!("lowest TTFT, a cheaper candidate within {}", secs(t))
+            }
+            (o, _, _) => o.replace('_', " "),
+        };
+        let why = match self.decided_by.as_str() {
+            "fastest" => "the fastest".to_string(),
+            "cheaper_within_tolerance" | "cheapest_within_slo" if self.ttft_given_up_s > 0.0 => {
+                format!(
+                    "{} later than the fastest ({fastest}) for {:.6} instead of {:.6}",
+                    secs(self.ttft_given_up_s),
+                    self.chosen_cost,
+                    self.fastest_cost
+                )
+            }
+            "cheapest_within_slo" => "the fastest is also the cheapest within the SLO".into(),
+            "none_within_slo" => "no candidate is predicted within the SLO: the fastest".into(),
+            "fallback" => "prediction fell back: the fallback's pick".into(),
+            other => other.replace('_', " "),
+        };
+        format!("{what}: {why}")
+    }
 }
 
 /// What `kinfctl explain` prints.
@@ -195,6 +283,8 @@ pub struct Report {
     pub unavailable_tags: Vec<Unavailable>,
     pub candidates: Option<Candidates>,
     pub routing: Option<Routing>,
+    /// The quality guards of the matched rules (from a proxy; empty from a declared policy).
+    pub guards: Vec<GuardView>,
     pub source: Source,
     /// The proxy's own policy, when predictions came from a proxy over a declared policy.
     pub live_policy: Option<PolicyView>,
@@ -373,12 +463,32 @@ impl Report {
         if c.rule_trace.is_empty() {
             out.push_str("  (the policy has no rules)\n");
         } else {
-            let mut rows = vec![vec!["RULE".to_string(), "MATCHED".to_string()]];
+            // The guard column only where a matched rule has a guard.
+            let guarded = !self.guards.is_empty();
+            let mut head = vec!["RULE".to_string(), "MATCHED".to_string()];
+            if guarded {
+                head.push("QUALITY GUARD".to_string());
+            }
+            let mut rows = vec![head];
             for r in &c.rule_trace {
-                rows.push(vec![
+                let mut row = vec![
                     r.rule.clone(),
                     if r.matched { "yes" } else { "no" }.to_string(),
-                ]);
+                ];
+                if guarded {
+                    let guard: Vec<String> = self
+                        .guards
+                        .iter()
+                        .filter(|g| g.rule == r.rule)
+                        .map(GuardView::describe)
+                        .collect();
+                    row.push(if guard.is_empty() {
+                        "-".to_string()
+                    } else {
+                        guard.join("; ")
+                    });
+                }
+                rows.push(row);
             }
             table(&mut out, &rows);
         }
@@ -492,6 +602,9 @@ impl Report {
                 let _ = writeln!(out, "Choice    none: {}", d.reason.describe(d));
             }
         }
+        if let Some(o) = &r.objective {
+            let _ = writeln!(out, "Objective {}", o.describe(d));
+        }
         match (&r.refused, r.order.split_first()) {
             (Some(why), _) => {
                 let _ = writeln!(out, "Outcome   refused (503): {why}");
@@ -578,6 +691,30 @@ mod tests {
     }
 
     #[test]
+    fn a_matched_rules_quality_guard_is_shown_with_what_it_allows() {
+        let mut v = report();
+        v["guards"] = json!([{"rule": "low-complexity-may-use-qwen", "family": "math",
+            "tenant": "default/app", "state": "suspended", "samples": 4, "min_samples": 4,
+            "gap": 1.0, "tolerance": 0.1, "capped_share": 0.5}]);
+        let text = render(v);
+        assert!(
+            text.contains("  low-complexity-may-use-qwen  yes      suspended (default/app, family math: gap 1.00 over 4 of 4 samples, tolerance 0.10; moves nothing)\n"),
+            "{text}"
+        );
+        let mut v = report();
+        v["guards"] = json!([{"rule": "low-complexity-may-use-qwen", "family": "trivia",
+            "tenant": null, "state": "measuring", "samples": 0, "min_samples": 50, "gap": null,
+            "tolerance": 0.05, "capped_share": 0.1}]);
+        let text = render(v);
+        assert!(
+            text.contains(
+                "measuring (family trivia: no verdicts yet, 50 needed; moves at most 10%)"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn a_decision_renders_tags_rules_inputs_and_the_choice() {
         let text = render(report());
         let lines: Vec<&str> = text.lines().collect();
@@ -629,6 +766,29 @@ mod tests {
             "Choice    127.0.0.1:8003 (qwen-3.6-27b), predicted TTFT 9.0ms: lowest predicted TTFT\n"
         ), "{text}");
         assert!(text.ends_with("Sent to   127.0.0.1:8003, then 127.0.0.1:8001 on failure\n"));
+    }
+
+    #[test]
+    fn the_objective_says_what_it_decided_and_what_it_gave_up() {
+        let mut v = report();
+        v["routing"]["objective"] = json!({
+            "objective": "cheapest_within_slo", "decided_by": "cheapest_within_slo",
+            "ttft_slo_s": 2.0, "fastest": 0, "ttft_given_up_s": 0.12,
+            "chosen_cost": 0.000013, "fastest_cost": 0.000040,
+        });
+        let text = render(v.clone());
+        assert!(
+            text.contains(
+                "Objective cheapest within SLO 2.00s: 120.0ms later than the fastest \
+                 (127.0.0.1:8001) for 0.000013 instead of 0.000040\n"
+            ),
+            "{text}"
+        );
+        v["routing"]["objective"]["decided_by"] = json!("none_within_slo");
+        v["routing"]["objective"]["ttft_given_up_s"] = json!(0.0);
+        assert!(render(v).contains(
+            "Objective cheapest within SLO 2.00s: no candidate is predicted within the SLO: the fastest\n"
+        ));
     }
 
     #[test]

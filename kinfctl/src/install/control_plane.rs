@@ -19,6 +19,10 @@ use k8s_openapi::{
             Secret, SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort,
             ServiceSpec, Volume, VolumeMount, WeightedPodAffinityTerm,
         },
+        networking::v1::{
+            IPBlock, NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+            NetworkPolicySpec,
+        },
         policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec},
         rbac::v1::{
             ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -48,7 +52,7 @@ const PROXY_CONFIG_DIR: &str = "/var/run/kinference/proxy";
 pub fn manifests(ns: &str, v: &ControlPlane) -> Result<Vec<String>, Error> {
     let c = Context { ns, v };
     let tls = c.webhook_tls()?;
-    Ok(vec![
+    let mut objects = vec![
         to_yaml("ServiceAccount", &c.service_account())?,
         to_yaml("ClusterRole", &c.cluster_role())?,
         to_yaml("ClusterRoleBinding", &c.cluster_role_binding())?,
@@ -59,12 +63,18 @@ pub fn manifests(ns: &str, v: &ControlPlane) -> Result<Vec<String>, Error> {
         to_yaml("Service", &c.service())?,
         to_yaml("Deployment", &c.deployment())?,
         to_yaml("PodDisruptionBudget", &c.pod_disruption_budget())?,
+    ];
+    if v.network_policy.enabled {
+        objects.push(to_yaml("NetworkPolicy", &c.network_policy())?);
+    }
+    objects.extend([
         to_yaml(
             "ValidatingWebhookConfiguration",
             &c.validating_webhook(&tls),
         )?,
         to_yaml("MutatingWebhookConfiguration", &c.mutating_webhook(&tls))?,
-    ])
+    ]);
+    Ok(objects)
 }
 
 struct Context<'a> {
@@ -508,6 +518,61 @@ impl Context<'_> {
                 ..Default::default()
             }),
             ..Default::default()
+        }
+    }
+
+    /// `templates/networkpolicy.yaml`: gRPC from injected pods, the webhooks from the API server,
+    /// the admin port from monitoring.
+    fn network_policy(&self) -> NetworkPolicy {
+        let np = &self.v.network_policy;
+        let port = |name: &str| {
+            Some(vec![NetworkPolicyPort {
+                port: Some(IntOrString::String(name.into())),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }])
+        };
+        let meshed = NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector::default()),
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(map(&[("kinference.io/control-plane-ns", self.ns)])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let api_server = (!np.api_server_cidrs.is_empty()).then(|| {
+            np.api_server_cidrs
+                .iter()
+                .map(|cidr| NetworkPolicyPeer {
+                    ip_block: Some(IPBlock {
+                        cidr: cidr.clone(),
+                        except: None,
+                    }),
+                    ..Default::default()
+                })
+                .collect()
+        });
+        NetworkPolicy {
+            metadata: self.controller_meta(CONTROLLER),
+            spec: Some(NetworkPolicySpec {
+                pod_selector: Some(self.selector()),
+                policy_types: Some(strings(&["Ingress"])),
+                ingress: Some(vec![
+                    NetworkPolicyIngressRule {
+                        from: Some(vec![meshed]),
+                        ports: port("grpc"),
+                    },
+                    NetworkPolicyIngressRule {
+                        from: api_server,
+                        ports: port("webhook"),
+                    },
+                    NetworkPolicyIngressRule {
+                        from: Some(np.metrics_from.clone()),
+                        ports: port("admin"),
+                    },
+                ]),
+                ..Default::default()
+            }),
         }
     }
 

@@ -52,6 +52,7 @@ pub struct ControlPlane {
     pub injector: Injector,
     pub proxy: Proxy,
     pub proxy_init: ProxyInit,
+    pub network_policy: NetworkPolicy,
     #[serde(skip)]
     pub app_version: String,
 }
@@ -138,6 +139,18 @@ pub struct Controller {
     pub tolerations: Vec<Toleration>,
 }
 
+/// The controller's NetworkPolicy.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkPolicy {
+    pub enabled: bool,
+    /// Where the API server calls the webhooks from; empty: anywhere.
+    #[serde(rename = "apiServerCIDRs")]
+    pub api_server_cidrs: Vec<String>,
+    /// Who may reach the admin port (/metrics).
+    pub metrics_from: Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>,
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LeaderElection {
@@ -193,7 +206,10 @@ pub struct Proxy {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProxyPorts {
     pub outbound: u16,
+    /// On the pod's loopback: every admin path, `/debug/*` included.
     pub admin: u16,
+    /// On the pod's IP, read-only: `GET /metrics`, `/ready`, `/live`.
+    pub metrics: u16,
 }
 
 #[derive(Clone, Debug, Deserialize)]

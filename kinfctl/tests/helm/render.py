@@ -53,8 +53,11 @@ CASES = [
      ["controller.replicas=3,proxy.logLevel=debug",
       "proxy.image.tag=v9.9.9",
       "injector.excludeNamespaces={monitoring,ci}",
-      "imagePullSecrets[0].name=regcred"],
+      "imagePullSecrets[0].name=regcred",
+      "networkPolicy.apiServerCIDRs={172.18.0.0/16,fd00:18::/64}"],
      ["--namespace", "kinf-system"]),
+    ("control-plane-no-network-policy", "kinference", "kinference",
+     ["networkPolicy.enabled=false"], ["--namespace", "kinference"]),
     ("viz-default", "kinference-viz", "kinference", [], None),
 ]
 

@@ -179,6 +179,17 @@ pub fn inject(
             }
         }
     }
+    let ns = Value::String(config.control_plane_namespace.clone());
+    match &pod.metadata.labels {
+        None => patch.push(add(
+            &["metadata", "labels"],
+            serde_json::json!({ annotations::CONTROL_PLANE_NS: ns }),
+        )),
+        Some(_) => patch.push(add(
+            &["metadata", "labels", annotations::CONTROL_PLANE_NS],
+            ns,
+        )),
+    }
     match &pod.metadata.annotations {
         None => patch.push(add(
             &["metadata", "annotations"],
@@ -220,6 +231,10 @@ fn overrides(a: &BTreeMap<String, String>) -> Result<Overrides, AnnotationError>
         target_idle_timeout: get(an::PROXY_TARGET_IDLE_TIMEOUT)
             .map(|v| an::duration(an::PROXY_TARGET_IDLE_TIMEOUT, v))
             .transpose()?,
+        expose_admin: get(an::PROXY_EXPOSE_ADMIN)
+            .map(|v| an::boolean(an::PROXY_EXPOSE_ADMIN, v))
+            .transpose()?
+            .unwrap_or(false),
     })
 }
 

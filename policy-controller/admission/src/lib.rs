@@ -7,6 +7,8 @@
 //! proxy to pods that ask for it ([`inject`] decides, [`Injector`] answers the webhook).
 
 mod events;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod inject;
 mod injector;
 mod review;

@@ -299,6 +299,13 @@ async fn a_deployments_pod_gets_proxy_init_then_the_proxy_as_a_native_sidecar() 
         patched["metadata"]["annotations"]["kinference.io/inject"],
         "enabled"
     );
+    // The label the chart's NetworkPolicy admits to the controller's gRPC port; the pod's own
+    // labels stay.
+    assert_eq!(
+        patched["metadata"]["labels"]["kinference.io/control-plane-ns"],
+        "kinference"
+    );
+    assert_eq!(patched["metadata"]["labels"]["app"], "web");
 
     let proxy = &init[1];
     assert_eq!(proxy["restartPolicy"], "Always");
@@ -308,9 +315,13 @@ async fn a_deployments_pod_gets_proxy_init_then_the_proxy_as_a_native_sidecar() 
     assert_eq!(proxy["securityContext"]["runAsNonRoot"], true);
     assert_eq!(
         proxy["ports"],
-        json!([{"name": "kinf-admin", "containerPort": 4191, "protocol": "TCP"}])
+        json!([{"name": "kinf-metrics", "containerPort": 4192, "protocol": "TCP"}])
     );
     assert_eq!(proxy["readinessProbe"]["httpGet"]["path"], "/ready");
+    // The kubelet probes the read-only listener; the admin listener is not on the pod's IP.
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        assert_eq!(proxy[probe]["httpGet"]["port"], "kinf-metrics", "{probe}");
+    }
     assert_eq!(
         proxy["resources"],
         serde_json::to_value(&config.resources).unwrap()
@@ -323,7 +334,8 @@ async fn a_deployments_pod_gets_proxy_init_then_the_proxy_as_a_native_sidecar() 
         config.controller_addr
     );
     assert_eq!(e["KINFERENCE_PROXY_LISTEN_ADDR"], "127.0.0.1:4140");
-    assert_eq!(e["KINFERENCE_PROXY_ADMIN_ADDR"], "0.0.0.0:4191");
+    assert_eq!(e["KINFERENCE_PROXY_ADMIN_ADDR"], "127.0.0.1:4191");
+    assert_eq!(e["KINFERENCE_PROXY_METRICS_ADDR"], "0.0.0.0:4192");
     assert_eq!(e["KINFERENCE_PROXY_LOG_FORMAT"], "json");
     assert_eq!(e["RUST_LOG"], "info");
     // The workload's labels, without the revision hash.
@@ -441,11 +453,13 @@ async fn annotations_override_log_level_resources_and_interception() {
         "kinference.io/skip-outbound-ports": "9000",
         "kinference.io/skip-outbound-cidrs": "10.96.0.0/12,fd00::/8",
         "kinference.io/proxy-target-idle-timeout": "90s",
+        "kinference.io/proxy-expose-admin": "true",
     }));
     let patched = h.injected(&pod, "apps").await;
     let init = &patched["spec"]["initContainers"];
     let proxy = by_name(init, "kinference-proxy");
     assert_eq!(env(proxy)["RUST_LOG"], "info,kinference=debug");
+    assert_eq!(env(proxy)["KINFERENCE_PROXY_ADMIN_ADDR"], "0.0.0.0:4191");
     assert_eq!(
         env(proxy)["KINFERENCE_PROXY_TARGET_IDLE_TIMEOUT_MS"],
         "90000"
@@ -504,6 +518,11 @@ async fn invalid_overrides_are_denied_with_the_annotation_named() {
             "kinference.io/proxy-target-idle-timeout",
             "600",
             "has no unit",
+        ),
+        (
+            "kinference.io/proxy-expose-admin",
+            "yes",
+            "must be `true` or `false`",
         ),
     ] {
         let mut annotations = json!({"kinference.io/inject": "enabled"});

@@ -14,21 +14,63 @@ pub enum InferencePolicyState {
     NotFound {
         parent: ResourceRef,
     },
-    /// An InferencePolicy applies but is invalid; it is not served.
+    /// An InferencePolicy applies but is invalid, and the parent was never served a valid
+    /// version of it: nothing is served.
     Invalid {
         parent: ResourceRef,
         source: ResourceRef,
         message: String,
     },
     Served(Box<InferencePolicy>),
+    /// The newest version of the InferencePolicy, or of a resource it depends on, was
+    /// rejected; the parent is still served the last valid policy it was served.
+    LastGood {
+        policy: Box<InferencePolicy>,
+        rejected: Rejection,
+    },
 }
 
 impl InferencePolicyState {
+    /// The policy served, the current one or the last good one.
     pub fn policy(&self) -> Option<&InferencePolicy> {
         match self {
-            Self::Served(p) => Some(p),
+            Self::Served(p) | Self::LastGood { policy: p, .. } => Some(p),
             _ => None,
         }
+    }
+
+    /// Why the policy served is not the newest version, when it is not.
+    pub fn rejected(&self) -> Option<&Rejection> {
+        match self {
+            Self::LastGood { rejected, .. } => Some(rejected),
+            _ => None,
+        }
+    }
+}
+
+/// Why the newest version of a resource is not served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// The rejected resource's kind: `InferencePolicy`, `InferenceClassifier`,
+    /// `InferencePool`, ...
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    /// What kind of problem, a metric label: a validation error's kind (`invalid`,
+    /// `not_found`, `required`, `duplicate`, `not_supported`), `translation`, or a
+    /// source's (`yaml`, `schema`, `empty`).
+    pub reason: String,
+    /// Every problem, for a person to read. Resource content only, never request content.
+    pub message: String,
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}/{} rejected ({}): {}",
+            self.kind, self.namespace, self.name, self.reason, self.message
+        )
     }
 }
 
@@ -44,6 +86,18 @@ pub struct InferencePolicy {
     pub rules: Vec<Rule>,
     pub classifiers: Vec<Classifier>,
     pub balancer: Balancer,
+    pub service_classes: Vec<ServiceClass>,
+    pub timeouts: Timeouts,
+    pub tenant_budgets: Vec<TenantBudget>,
+}
+
+/// A tenant's token budget per window.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantBudget {
+    /// `namespace/name`, or `*`.
+    pub tenant: String,
+    pub tokens: u64,
+    pub window: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -168,6 +222,22 @@ pub struct Rule {
     pub match_tags: Vec<TagMatch>,
     pub match_workloads: Vec<WorkloadMatch>,
     pub action: RuleAction,
+    pub quality_guard: Option<QualityGuard>,
+}
+
+/// A rule's quality guard, defaults filled in.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QualityGuard {
+    pub sample_share: f64,
+    pub tolerance: f64,
+    pub min_samples: u32,
+    pub capped_share: f64,
+    pub window: u32,
+    pub family_tag: String,
+    /// The judge's OpenAI-compatible API base.
+    pub judge_url: String,
+    pub judge_model: String,
+    pub judge_timeout: std::time::Duration,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -252,6 +322,8 @@ pub enum ClassifierKind {
         fallback: String,
         fallback_confidence: f64,
     },
+    /// The built-in prompt-family tagger.
+    Family,
     /// A kind this controller knows of but does not serve yet; the tag is sent with no
     /// definition so proxies skip it.
     Unsupported {
@@ -294,6 +366,37 @@ pub struct Balancer {
     pub failure_mode: FailureMode,
     pub tie_window: Duration,
     pub mode: BalancerMode,
+    pub objective: Objective,
+    /// With [`Objective::LowestTtft`], how much later a cheaper candidate may answer and win.
+    pub prefer_cheaper_within: Duration,
+}
+
+/// What the choice among candidates optimizes.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Objective {
+    #[default]
+    LowestTtft,
+    CheapestWithinSlo,
+}
+
+/// How long proxies wait for endpoints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    pub first_byte_multiple: u32,
+    pub first_byte_floor: Duration,
+    pub first_byte_cap: Duration,
+    pub stream_idle: Duration,
+    pub request: Duration,
+}
+
+/// One service class's objectives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceClass {
+    /// `Critical`, `Standard` or `Sheddable`.
+    pub name: String,
+    pub ttft_slo: Option<Duration>,
+    pub max_queue_time: Option<Duration>,
+    pub reserved_share: f64,
 }
 
 impl Default for Balancer {
@@ -304,6 +407,8 @@ impl Default for Balancer {
             failure_mode: FailureMode::FailOpen,
             tie_window: Duration::from_millis(20),
             mode: BalancerMode::Enforce,
+            objective: Objective::LowestTtft,
+            prefer_cheaper_within: Duration::ZERO,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! Linkerd's policy-controller core.
 
 pub mod endpoints;
+pub mod guard;
 pub mod inference;
 pub mod outbound;
 pub mod target;

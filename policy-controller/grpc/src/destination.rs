@@ -11,7 +11,12 @@
 //! false }` on a stream that stays open, so the proxy learns when it appears instead of
 //! retrying. Only a path that is neither is refused (`InvalidArgument`).
 
-use crate::{GrpcMetrics, metrics::Tracked, outbound::DEFAULT_WEIGHT};
+use crate::{
+    GrpcMetrics,
+    caller::{Callers, context_namespace},
+    metrics::Tracked,
+    outbound::DEFAULT_WEIGHT,
+};
 use futures::{StreamExt, stream};
 use kinference_policy_core::{
     DiscoverEndpoints, Endpoint, ParentTarget, PoolEndpoints, PoolRef, endpoints::EndpointsDiff,
@@ -44,6 +49,7 @@ pub struct DestinationServer<D> {
     discover: D,
     metrics: GrpcMetrics,
     cluster_domain: std::sync::Arc<str>,
+    callers: Callers,
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
@@ -54,7 +60,14 @@ impl<D: DiscoverEndpoints + Send + Sync + 'static> DestinationServer<D> {
             discover,
             metrics,
             cluster_domain: kinference_policy_core::target::CLUSTER_DOMAIN.into(),
+            callers: Callers::Claimed,
         }
+    }
+
+    /// Whether callers are verified (mutual TLS) or taken at their word (plaintext).
+    pub fn with_callers(mut self, callers: Callers) -> Self {
+        self.callers = callers;
+        self
     }
 
     /// Parses Service authorities in `cluster_domain` rather than `cluster.local`.
@@ -78,6 +91,8 @@ impl<D: DiscoverEndpoints + Send + Sync + 'static> destination_server::Destinati
         &self,
         req: tonic::Request<api::GetDestination>,
     ) -> Result<tonic::Response<Self::GetStream>, tonic::Status> {
+        let token = &req.get_ref().context_token;
+        context_namespace(&req, self.callers, token, API, &self.metrics)?;
         let path = &req.get_ref().path;
         let (set, rx) = if let Some(pool) = PoolRef::from_destination_path(path) {
             let rx = self.discover.watch_endpoints(&pool);

@@ -4,11 +4,17 @@
 //! history; a target with no (valid) policy gets a message with no models and a status
 //! saying why.
 
-use crate::{GrpcMetrics, metrics::Tracked, resolve_target};
+use crate::{
+    GrpcMetrics,
+    caller::{Callers, source_workload},
+    metrics::Tracked,
+    resolve_target,
+};
 use futures::StreamExt;
 use kinference_policy_core::{
     DiscoverInferencePolicy, DiscoverOutboundPolicy, InferencePolicyState, ParentTarget,
     ResourceRef,
+    guard::{GuardEntry, GuardReports, GuardState},
     inference::{self as core, BalancerMode, ClassifierKind, FailureMode},
 };
 use kinference_proxy_api::inference::{
@@ -24,6 +30,8 @@ pub struct InferencePolicyServer<D> {
     discover: D,
     metrics: GrpcMetrics,
     cluster_domain: std::sync::Arc<str>,
+    callers: Callers,
+    guards: std::sync::Arc<GuardReports>,
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
@@ -37,7 +45,21 @@ where
             discover,
             metrics,
             cluster_domain: kinference_policy_core::target::CLUSTER_DOMAIN.into(),
+            callers: Callers::Claimed,
+            guards: Default::default(),
         }
+    }
+
+    /// Where the proxies' quality-guard reports go (the status writer and admin read them).
+    pub fn with_guard_reports(mut self, guards: std::sync::Arc<GuardReports>) -> Self {
+        self.guards = guards;
+        self
+    }
+
+    /// Whether callers are verified (mutual TLS) or taken at their word (plaintext).
+    pub fn with_callers(mut self, callers: Callers) -> Self {
+        self.callers = callers;
+        self
     }
 
     /// Parses Service authorities in `cluster_domain` rather than `cluster.local`.
@@ -82,6 +104,8 @@ where
         &self,
         req: tonic::Request<api::InferenceTarget>,
     ) -> Result<tonic::Response<api::InferencePolicy>, tonic::Status> {
+        let claimed = &req.get_ref().source_workload;
+        source_workload(&req, self.callers, claimed, API, &self.metrics)?;
         let target = self.target(req.get_ref())?;
         let rx = self
             .discover
@@ -97,6 +121,8 @@ where
         &self,
         req: tonic::Request<api::InferenceTarget>,
     ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        let claimed = &req.get_ref().source_workload;
+        source_workload(&req, self.callers, claimed, API, &self.metrics)?;
         let target = self.target(req.get_ref())?;
         let rx = self
             .discover
@@ -105,6 +131,66 @@ where
         let stream: BoxStream<api::InferencePolicy> =
             Box::pin(WatchStream::new(rx).map(|p| Ok(to_proto(&p))));
         Ok(tonic::Response::new(self.metrics.track(API, stream)))
+    }
+
+    async fn report_guards(
+        &self,
+        req: tonic::Request<api::GuardReport>,
+    ) -> Result<tonic::Response<api::GuardReportAck>, tonic::Status> {
+        let Some(target) = req.get_ref().target.clone() else {
+            return Err(tonic::Status::invalid_argument(
+                "a guard report names its target",
+            ));
+        };
+        let workload = source_workload(
+            &req,
+            self.callers,
+            &target.source_workload,
+            API,
+            &self.metrics,
+        )?;
+        // One report per proxy: a workload's pods are told apart by their address.
+        let reporter = match req.remote_addr() {
+            Some(addr) => format!("{workload}@{}", addr.ip()),
+            None => workload,
+        };
+        let parent = self.target(&target)?;
+        let rx = self
+            .discover
+            .watch_inference_policy(&parent)
+            .ok_or_else(|| tonic::Status::not_found(parent.authority_in(&self.cluster_domain)))?;
+        let Some(source) = rx.borrow().policy().map(|p| p.source.clone()) else {
+            return Err(tonic::Status::failed_precondition(
+                "no inference policy is served for the target",
+            ));
+        };
+        let report = req.into_inner();
+        let entries = report.guards.iter().map(guard_entry).collect();
+        self.guards.report(
+            (source.namespace, source.name),
+            &reporter,
+            &report.revision,
+            entries,
+        );
+        Ok(tonic::Response::new(api::GuardReportAck {}))
+    }
+}
+
+fn guard_entry(g: &api::GuardStatus) -> GuardEntry {
+    use api::guard_status::State;
+    GuardEntry {
+        tenant: g.tenant.clone(),
+        rule: g.rule.clone(),
+        family: g.family.clone(),
+        state: match State::try_from(g.state).unwrap_or(State::Measuring) {
+            State::Measuring => GuardState::Measuring,
+            State::Trusted => GuardState::Trusted,
+            State::Suspended => GuardState::Suspended,
+        },
+        samples: g.samples,
+        min_samples: g.min_samples,
+        gap: g.gap,
+        tolerance: g.tolerance,
     }
 }
 
@@ -143,6 +229,13 @@ pub fn to_proto(state: &InferencePolicyState) -> api::InferencePolicy {
             ..Default::default()
         },
         InferencePolicyState::Served(p) => policy_to_proto(p),
+        InferencePolicyState::LastGood { policy, rejected } => api::InferencePolicy {
+            status: Some(api::Status {
+                kind: api::status::Kind::LastGood.into(),
+                message: format!("serving the last valid version: {rejected}"),
+            }),
+            ..policy_to_proto(policy)
+        },
     }
 }
 
@@ -168,6 +261,36 @@ fn policy_to_proto(p: &core::InferencePolicy) -> api::InferencePolicy {
             kind: api::status::Kind::Served.into(),
             message: String::new(),
         }),
+        service_classes: p
+            .service_classes
+            .iter()
+            .map(|c| api::ServiceClass {
+                name: c.name.clone(),
+                ttft_slo: c
+                    .ttft_slo
+                    .and_then(|d| prost_types::Duration::try_from(d).ok()),
+                max_queue_time: c
+                    .max_queue_time
+                    .and_then(|d| prost_types::Duration::try_from(d).ok()),
+                reserved_share: c.reserved_share,
+            })
+            .collect(),
+        timeouts: Some(api::Timeouts {
+            first_byte_multiple: p.timeouts.first_byte_multiple,
+            first_byte_floor: prost_types::Duration::try_from(p.timeouts.first_byte_floor).ok(),
+            first_byte_cap: prost_types::Duration::try_from(p.timeouts.first_byte_cap).ok(),
+            stream_idle: prost_types::Duration::try_from(p.timeouts.stream_idle).ok(),
+            request: prost_types::Duration::try_from(p.timeouts.request).ok(),
+        }),
+        tenant_budgets: p
+            .tenant_budgets
+            .iter()
+            .map(|b| api::TenantBudget {
+                tenant: b.tenant.clone(),
+                tokens: b.tokens,
+                window: prost_types::Duration::try_from(b.window).ok(),
+            })
+            .collect(),
     }
 }
 
@@ -244,6 +367,17 @@ fn rule_to_proto(r: &core::Rule) -> api::Rule {
             rewrite_to: r.action.rewrite_to.clone().unwrap_or_default(),
             service_class: r.action.service_class.clone().unwrap_or_default(),
         }),
+        quality_guard: r.quality_guard.as_ref().map(|g| rule::QualityGuard {
+            sample_share: g.sample_share,
+            tolerance: g.tolerance,
+            min_samples: g.min_samples,
+            capped_share: g.capped_share,
+            window: g.window,
+            family_tag: g.family_tag.clone(),
+            judge_url: g.judge_url.clone(),
+            judge_model: g.judge_model.clone(),
+            judge_timeout: prost_types::Duration::try_from(g.judge_timeout).ok(),
+        }),
     }
 }
 
@@ -311,6 +445,9 @@ fn classifier_to_proto(c: &core::Classifier) -> api::Classifier {
                         fallback_value: fallback.clone(),
                         fallback_confidence: *fallback_confidence,
                     })),
+                    ClassifierKind::Family => {
+                        Some(classifier::tag::Kind::Family(classifier::Family {}))
+                    }
                     ClassifierKind::Unsupported { .. } => None,
                 },
             })
@@ -332,6 +469,14 @@ fn balancer(b: &core::Balancer) -> api::Balancer {
             BalancerMode::Shadow => api::balancer::Mode::Shadow,
         }
         .into(),
+        objective: match b.objective {
+            core::Objective::LowestTtft => api::balancer::Objective::LowestTtft,
+            core::Objective::CheapestWithinSlo => api::balancer::Objective::CheapestWithinSlo,
+        }
+        .into(),
+        prefer_cheaper_within: (!b.prefer_cheaper_within.is_zero())
+            .then(|| prost_types::Duration::try_from(b.prefer_cheaper_within).ok())
+            .flatten(),
     }
 }
 
@@ -420,6 +565,17 @@ mod tests {
                     rewrite_to: None,
                     service_class: Some("Sheddable".into()),
                 },
+                quality_guard: Some(core::QualityGuard {
+                    sample_share: 0.1,
+                    tolerance: 0.05,
+                    min_samples: 40,
+                    capped_share: 0.2,
+                    window: 160,
+                    family_tag: "family".into(),
+                    judge_url: "http://judge:8000/v1".into(),
+                    judge_model: "judge".into(),
+                    judge_timeout: Duration::from_secs(15),
+                }),
             }],
             classifiers: vec![core::Classifier {
                 source: ResourceRef::new(
@@ -455,7 +611,23 @@ mod tests {
                 failure_mode: FailureMode::FailClose,
                 tie_window: Duration::from_millis(2),
                 mode: BalancerMode::Shadow,
+                objective: core::Objective::CheapestWithinSlo,
+                prefer_cheaper_within: Duration::ZERO,
             },
+            service_classes: vec![core::ServiceClass {
+                name: "Standard".into(),
+                ttft_slo: Some(Duration::from_millis(1500)),
+                max_queue_time: None,
+                reserved_share: 0.0,
+            }],
+            timeouts: core::Timeouts {
+                first_byte_multiple: 3,
+                first_byte_floor: Duration::from_secs(5),
+                first_byte_cap: Duration::from_secs(60),
+                stream_idle: Duration::from_secs(20),
+                request: Duration::from_secs(300),
+            },
+            tenant_budgets: vec![],
         };
         let p = to_proto(&InferencePolicyState::Served(Box::new(policy)));
         assert_eq!(p.status.as_ref().unwrap().kind(), api::status::Kind::Served);
@@ -480,7 +652,26 @@ mod tests {
         assert_eq!(price.currency, "EUR");
         let action = p.rules[0].action.as_ref().unwrap();
         assert_eq!(action.service_class, "Sheddable");
+        let b = p.balancer.as_ref().unwrap();
+        assert_eq!(b.objective(), api::balancer::Objective::CheapestWithinSlo);
+        assert_eq!(b.prefer_cheaper_within, None, "zero is sent as unset");
+        assert_eq!(p.service_classes.len(), 1);
+        assert_eq!(p.service_classes[0].name, "Standard");
+        let t = p.timeouts.as_ref().unwrap();
+        assert_eq!(t.first_byte_multiple, 3);
+        assert_eq!(t.stream_idle.map(|d| d.seconds), Some(20));
+        assert_eq!(
+            p.service_classes[0].ttft_slo,
+            Some(prost_types::Duration {
+                seconds: 1,
+                nanos: 500_000_000
+            })
+        );
         assert_eq!(action.rewrite_to, "");
+        let g = p.rules[0].quality_guard.as_ref().unwrap();
+        assert_eq!((g.sample_share, g.min_samples, g.window), (0.1, 40, 160));
+        assert_eq!(g.judge_url, "http://judge:8000/v1");
+        assert_eq!(g.judge_timeout.map(|d| d.seconds), Some(15));
         assert_eq!(
             p.rules[0].r#match.as_ref().unwrap().tags[0].min_confidence,
             0.5

@@ -3,18 +3,23 @@
 //! One tonic server carries the stock Linkerd `OutboundPolicies` and `Destination` APIs
 //! and Kinference's `InferencePolicies`. This crate only converts core values into wire
 //! messages and streams them; what the values are is the index's business.
+//!
+//! [`serve_with`] serves plaintext (local mode), taking each request's word for its caller;
+//! [`serve_tls`] serves mutual TLS only, and each request is served for the verified identity of
+//! its connection ([`caller`]).
 
+pub mod caller;
 pub mod destination;
 pub mod inference;
 pub mod metrics;
 pub mod outbound;
 
-pub use self::metrics::GrpcMetrics;
+pub use self::{caller::Callers, metrics::GrpcMetrics};
 
 use kinference_policy_core::{
     DiscoverEndpoints, DiscoverInferencePolicy, DiscoverOutboundPolicy, ParentTarget,
 };
-use std::{future::Future, net::SocketAddr};
+use std::{future::Future, net::SocketAddr, sync::Arc};
 use tokio::net::TcpListener;
 
 /// Everything the server needs to discover.
@@ -34,18 +39,21 @@ impl<T> Discover for T where
 {
 }
 
-/// How the server names things that depend on the cluster.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How the server names things that depend on the cluster, and where proxies' reports go.
+#[derive(Clone, Debug)]
 pub struct Config {
     /// The cluster's DNS domain: Service authorities are
     /// `<name>.<namespace>.svc.<cluster_domain>:<port>`.
     pub cluster_domain: String,
+    /// Where `InferencePolicies.ReportGuards` puts the proxies' quality-guard reports.
+    pub guards: Arc<kinference_policy_core::guard::GuardReports>,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
             cluster_domain: kinference_policy_core::target::CLUSTER_DOMAIN.to_string(),
+            guards: Arc::default(),
         }
     }
 }
@@ -69,25 +77,62 @@ pub async fn serve_with<D: Discover>(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let domain: std::sync::Arc<str> = config.cluster_domain.into();
+    router(discover, metrics, config, Callers::Claimed)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
+/// As [`serve_with`], over mutual TLS with `tls` (which must require client certificates, as
+/// [`kinference_identity::tls::mutual_server_config`]'s does): a client without a workload
+/// certificate from the trust anchors never completes a handshake, and each request is served
+/// for its connection's verified identity.
+pub async fn serve_tls<D: Discover>(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    discover: D,
+    metrics: GrpcMetrics,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = kinference_identity::accept::incoming(
+        listener,
+        tls,
+        kinference_identity::accept::ClientAuth::Workload,
+        "grpc",
+    );
+    router(discover, metrics, config, Callers::Verified)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
+/// The three services on one tonic router.
+fn router<D: Discover>(
+    discover: D,
+    metrics: GrpcMetrics,
+    config: Config,
+    callers: Callers,
+) -> tonic::transport::server::Router {
+    let domain: Arc<str> = config.cluster_domain.clone().into();
     tonic::transport::Server::builder()
         .add_service(
             outbound::OutboundPolicyServer::new(discover.clone(), metrics.clone())
                 .with_cluster_domain(domain.clone())
+                .with_callers(callers)
                 .svc(),
         )
         .add_service(
             destination::DestinationServer::new(discover.clone(), metrics.clone())
                 .with_cluster_domain(domain.clone())
+                .with_callers(callers)
                 .svc(),
         )
         .add_service(
             inference::InferencePolicyServer::new(discover, metrics)
                 .with_cluster_domain(domain)
+                .with_guard_reports(config.guards)
+                .with_callers(callers)
                 .svc(),
         )
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
 }
 
 /// Resolves a linkerd-style target (an authority or an address) to a parent.

@@ -19,16 +19,26 @@ pub struct ApiLabels {
     pub api: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub api: &'static str,
+    /// `unauthenticated`, `source_workload` or `context_token` (see `caller`).
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct GrpcMetrics {
     streams_open: Family<ApiLabels, Gauge>,
     streams_total: Family<ApiLabels, Counter>,
     updates_total: Family<ApiLabels, Counter>,
+    refused_total: Family<RefusedLabels, Counter>,
+    /// The identity issuer's, served beside the discovery APIs.
+    pub identity: kinference_identity::service::IdentityMetrics,
 }
 
 impl GrpcMetrics {
     pub fn register(registry: &mut Registry) -> Self {
-        let metrics = Self::default();
+        let mut metrics = Self::default();
         registry.register(
             "grpc_streams_open",
             "gRPC watch streams currently open",
@@ -44,7 +54,25 @@ impl GrpcMetrics {
             "Messages sent on gRPC watch streams",
             metrics.updates_total.clone(),
         );
+        registry.register(
+            "grpc_refused",
+            "Requests refused because the caller's verified identity does not allow them, by API and reason",
+            metrics.refused_total.clone(),
+        );
+        metrics.identity = kinference_identity::service::IdentityMetrics::register(registry);
         metrics
+    }
+
+    pub(crate) fn refused(&self, api: &'static str, reason: &'static str) {
+        self.refused_total
+            .get_or_create(&RefusedLabels { api, reason })
+            .inc();
+    }
+
+    pub fn refusals(&self, api: &'static str, reason: &'static str) -> u64 {
+        self.refused_total
+            .get_or_create(&RefusedLabels { api, reason })
+            .get()
     }
 
     pub fn streams_open(&self, api: &'static str) -> i64 {

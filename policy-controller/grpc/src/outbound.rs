@@ -4,7 +4,12 @@
 //! backend that is an InferencePool is a P2C balancer whose discovery path is the
 //! pool's Destination path, the key the inference policy also uses.
 
-use crate::{GrpcMetrics, metrics::Tracked, resolve_target};
+use crate::{
+    GrpcMetrics,
+    caller::{Callers, source_workload},
+    metrics::Tracked,
+    resolve_target,
+};
 use futures::StreamExt;
 use kinference_policy_core::{
     DiscoverOutboundPolicy, OutboundPolicy, ParentTarget, ResourceRef,
@@ -38,6 +43,7 @@ pub struct OutboundPolicyServer<D> {
     discover: D,
     metrics: GrpcMetrics,
     cluster_domain: std::sync::Arc<str>,
+    callers: Callers,
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
@@ -48,7 +54,14 @@ impl<D: DiscoverOutboundPolicy + Send + Sync + 'static> OutboundPolicyServer<D> 
             discover,
             metrics,
             cluster_domain: kinference_policy_core::target::CLUSTER_DOMAIN.into(),
+            callers: Callers::Claimed,
         }
+    }
+
+    /// Whether callers are verified (mutual TLS) or taken at their word (plaintext).
+    pub fn with_callers(mut self, callers: Callers) -> Self {
+        self.callers = callers;
+        self
     }
 
     /// Names Service authorities in `cluster_domain` rather than `cluster.local`.
@@ -84,6 +97,8 @@ impl<D: DiscoverOutboundPolicy + Send + Sync + 'static> outbound_policies_server
         &self,
         req: tonic::Request<api::TrafficSpec>,
     ) -> Result<tonic::Response<api::OutboundPolicy>, tonic::Status> {
+        let claimed = &req.get_ref().source_workload;
+        source_workload(&req, self.callers, claimed, API, &self.metrics)?;
         let target = self.target(req.get_ref())?;
         let rx = self
             .discover
@@ -99,6 +114,8 @@ impl<D: DiscoverOutboundPolicy + Send + Sync + 'static> outbound_policies_server
         &self,
         req: tonic::Request<api::TrafficSpec>,
     ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        let claimed = &req.get_ref().source_workload;
+        source_workload(&req, self.callers, claimed, API, &self.metrics)?;
         let target = self.target(req.get_ref())?;
         let rx = self
             .discover

@@ -15,7 +15,8 @@ use kinference_proxy_api::{
     inference::{InferenceTarget, inference_target},
 };
 use linkerd2_proxy_api::destination::{self as dst, destination_client::DestinationClient};
-use std::{path::PathBuf, time::Instant};
+use std::path::PathBuf;
+use tokio::time::Instant;
 
 #[derive(Debug, Parser)]
 struct Args {

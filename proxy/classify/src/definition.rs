@@ -19,14 +19,20 @@ pub struct ClassifierDefinition {
 }
 
 impl ClassifierDefinition {
-    /// The default set: complexity with the trained thresholds and every detector.
+    /// The default set: complexity by the family rule, the family tag and every detector.
     pub fn builtin() -> Self {
         Self {
             detectors: DetectorKind::ALL.to_vec(),
-            tags: vec![TagDefinition {
-                name: "complexity".into(),
-                kind: TagKind::Complexity { thresholds: None },
-            }],
+            tags: vec![
+                TagDefinition {
+                    name: "complexity".into(),
+                    kind: TagKind::Complexity { thresholds: None },
+                },
+                TagDefinition {
+                    name: "family".into(),
+                    kind: TagKind::Family,
+                },
+            ],
             limits: crate::Limits::default(),
         }
     }
@@ -42,8 +48,12 @@ pub struct TagDefinition {
 /// How a declared tag is computed.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TagKind {
-    /// The built-in complexity model; `None` uses the thresholds trained with the weights.
+    /// The built-in complexity level: by the family rule, or, with thresholds, by the calibrated
+    /// score P(needs the strong model).
     Complexity { thresholds: Option<Thresholds> },
+    /// The built-in family tagger: `chat`, `code`, `extraction`, `long-context-qa`, `math`,
+    /// `reasoning`, `translation`, `trivia` or `writing`, with its probability.
+    Family,
     /// Keyword and regex rules: the tag takes `value` when `1 - product(1 - weight)` over the distinct
     /// keywords and patterns matched reaches `min_confidence`, else `otherwise` (if set) with
     /// confidence `1 - that`.
@@ -98,8 +108,8 @@ impl EmbeddingKind {
     }
 }
 
-/// Complexity level thresholds on the score P(needs the strong model): below `low` is low, at or
-/// above `high` is high.
+/// Complexity level thresholds on the calibrated score P(needs the strong model): below `low` is
+/// low, at or above `high` is high.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct Thresholds {
     pub low: f32,

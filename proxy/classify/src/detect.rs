@@ -15,8 +15,8 @@ use crate::{DetectorKind, input::View, scan::Scan, tag::Out};
 
 pub(crate) fn run(kind: DetectorKind, view: &View<'_>, scan: &Scan, out: &mut Out) {
     match kind {
-        DetectorKind::Code => code::detect(scan, out),
-        DetectorKind::Math => math::detect(scan, out),
+        DetectorKind::Code => code::detect(view, scan, out),
+        DetectorKind::Math => math::detect(view, scan, out),
         DetectorKind::Language => language::detect(view, out),
         DetectorKind::Pii => pii::detect(view, scan, out),
         DetectorKind::ContextLength => length::detect(view, out),

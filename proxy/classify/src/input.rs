@@ -128,7 +128,7 @@ impl<'a> View<'a> {
 }
 
 /// Splits `text` into a head and a tail of at most `max_bytes` together, on char boundaries.
-fn cap(text: &str, max_bytes: usize) -> (&str, &str) {
+pub(crate) fn cap(text: &str, max_bytes: usize) -> (&str, &str) {
     if text.len() <= max_bytes {
         return (text, "");
     }

@@ -1,11 +1,10 @@
 //! One pass over the capped text that every built-in classifier shares.
 //!
-//! The code and math detectors and the complexity model all look at character classes, line shapes,
-//! marker words and words. Reading the bytes once and sharing the counts keeps the default set within
-//! its latency budget on long prompts, and keeps the detectors and the model agreeing on what they
-//! saw. Marker words are found by hashing each word while it is read and probing a small table with
-//! the hash (phrases by combining the hashes of consecutive words): one probe per word instead of an
-//! automaton step per byte, and the same word hashes feed the complexity model's hashed features.
+//! The code, math and PII detectors all look at character classes, line shapes, marker words and
+//! digit runs. Reading the bytes once and sharing the counts keeps the default set within its
+//! latency budget on long prompts. Marker words are found by hashing each word while it is read and
+//! probing a small table with the hash (phrases by combining the hashes of consecutive words): one
+//! probe per word instead of an automaton step per byte.
 
 use crate::text::mix;
 use std::sync::LazyLock;
@@ -29,12 +28,13 @@ pub(crate) enum Marker {
     FractionWord,
     /// Comparisons between quantities ("more", "fewer", "twice").
     Comparative,
+    /// Verbs that ask for code to be produced ("write", "implement", "refactor").
+    CodeVerb,
+    /// What code is ("function", "query", "script", a language, "quicksort").
+    CodeObject,
 }
 
-pub(crate) const MARKERS: usize = 12;
-
-/// Words of the last turn beyond this many keep no hash for the complexity model's hashed features.
-pub(crate) const MAX_WORD_HASHES: usize = crate::complexity::features::MAX_HASHED_WORDS;
+pub(crate) const MARKERS: usize = 14;
 
 /// The lexicon: words and phrases, matched case-insensitively on word boundaries, longest first. A
 /// word may appear under several markers. Phrases are words separated by exactly one byte (`how
@@ -77,6 +77,74 @@ const LEXICON: &[(&str, Marker)] = &[
     ("code", Marker::CodeKeyword),
     ("bug", Marker::CodeKeyword),
     ("compile", Marker::CodeKeyword),
+    // Code requests: a verb that produces code and what it produces.
+    ("write", Marker::CodeVerb),
+    ("implement", Marker::CodeVerb),
+    ("code", Marker::CodeVerb),
+    ("refactor", Marker::CodeVerb),
+    ("debug", Marker::CodeVerb),
+    ("fix", Marker::CodeVerb),
+    ("generate", Marker::CodeVerb),
+    ("create", Marker::CodeVerb),
+    ("build", Marker::CodeVerb),
+    ("optimize", Marker::CodeVerb),
+    ("port", Marker::CodeVerb),
+    ("convert", Marker::CodeVerb),
+    ("program", Marker::CodeVerb),
+    ("function", Marker::CodeObject),
+    ("functions", Marker::CodeObject),
+    ("query", Marker::CodeObject),
+    ("queries", Marker::CodeObject),
+    ("script", Marker::CodeObject),
+    ("scripts", Marker::CodeObject),
+    ("class", Marker::CodeObject),
+    ("method", Marker::CodeObject),
+    ("program", Marker::CodeObject),
+    ("regex", Marker::CodeObject),
+    ("regexp", Marker::CodeObject),
+    ("algorithm", Marker::CodeObject),
+    ("snippet", Marker::CodeObject),
+    ("endpoint", Marker::CodeObject),
+    ("api", Marker::CodeObject),
+    ("unit test", Marker::CodeObject),
+    ("unit tests", Marker::CodeObject),
+    ("test case", Marker::CodeObject),
+    ("loop", Marker::CodeObject),
+    ("parser", Marker::CodeObject),
+    ("module", Marker::CodeObject),
+    ("library", Marker::CodeObject),
+    ("cli", Marker::CodeObject),
+    ("dockerfile", Marker::CodeObject),
+    ("makefile", Marker::CodeObject),
+    ("html", Marker::CodeObject),
+    ("css", Marker::CodeObject),
+    ("json", Marker::CodeObject),
+    ("yaml", Marker::CodeObject),
+    ("bash", Marker::CodeObject),
+    ("shell", Marker::CodeObject),
+    ("sql", Marker::CodeObject),
+    ("python", Marker::CodeObject),
+    ("javascript", Marker::CodeObject),
+    ("typescript", Marker::CodeObject),
+    ("java", Marker::CodeObject),
+    ("rust", Marker::CodeObject),
+    ("golang", Marker::CodeObject),
+    ("kotlin", Marker::CodeObject),
+    ("php", Marker::CodeObject),
+    ("haskell", Marker::CodeObject),
+    ("scala", Marker::CodeObject),
+    ("perl", Marker::CodeObject),
+    ("powershell", Marker::CodeObject),
+    ("cpp", Marker::CodeObject),
+    ("quicksort", Marker::CodeObject),
+    ("mergesort", Marker::CodeObject),
+    ("binary search", Marker::CodeObject),
+    ("linked list", Marker::CodeObject),
+    ("hash map", Marker::CodeObject),
+    ("hash table", Marker::CodeObject),
+    ("fizzbuzz", Marker::CodeObject),
+    ("compiler", Marker::CodeObject),
+    ("code", Marker::CodeObject),
     // Math.
     ("equation", Marker::MathWord),
     ("integral", Marker::MathWord),
@@ -498,6 +566,9 @@ pub(crate) struct Scan {
     pub dollars: usize,
     /// Lines that end in `;`, `{` or `}` or start indented by 4+ spaces or a tab.
     pub code_lines: usize,
+    /// Lines shaped like a shell command: a shebang, a `$ ` prompt, a common command followed
+    /// by a flag or a path (`tar -czf`, `cd ~/src`), or `do`, `done`, `fi`, `esac` alone.
+    pub shell_lines: usize,
     /// Lines that start like a list item: `1.`, `2)`, `-`, `*`.
     pub list_lines: usize,
     /// Lines that start like a multiple-choice option: `A.` to `E.`.
@@ -517,9 +588,6 @@ pub(crate) struct Scan {
     pub max_digit_run: usize,
     /// For the PII detector: two capitals followed by two digits somewhere (an IBAN's start).
     pub iban_start: bool,
-    /// Hashes of the first [`MAX_WORD_HASHES`] words (letters, digits and `'`, ASCII case folded),
-    /// in order, for the complexity model's hashed features.
-    pub word_hashes: Vec<u64>,
 }
 
 /// A phrase in progress: the key of its words so far, how many, and the markers each counted alone
@@ -551,10 +619,6 @@ impl Scan {
     fn add(&mut self, text: &str) {
         let b = text.as_bytes();
         self.bytes += b.len();
-        if self.word_hashes.capacity() == 0 {
-            self.word_hashes
-                .reserve((b.len() / 4 + 1).min(MAX_WORD_HASHES));
-        }
         // Pass 1: character classes and runs of word bytes, in a loop tight enough to stay in
         // registers.
         let mut counts = [0usize; CLASSES];
@@ -739,9 +803,6 @@ impl Scan {
         end: usize,
         next: u8,
     ) {
-        if self.word_hashes.len() < MAX_WORD_HASHES {
-            self.word_hashes.push(hash);
-        }
         // Phrases continue only over exactly one byte between words.
         let contiguous = words.n > 0 && words.last_end + 1 == start;
         words.last_end = end;
@@ -847,6 +908,9 @@ impl Scan {
         }
         let ts = t.trim_start().as_bytes();
         let digits = ts.iter().take_while(|c| c.is_ascii_digit()).count();
+        if is_shell_line(t.trim_start()) {
+            self.shell_lines += 1;
+        }
         if (digits > 0 && matches!(ts.get(digits), Some(b'.') | Some(b')')))
             || ts.starts_with(b"- ")
             || ts.starts_with(b"* ")
@@ -869,6 +933,76 @@ impl Scan {
             n as f32 / self.bytes as f32
         }
     }
+}
+
+/// Commands that start shell lines, when a flag, a path or a variable follows.
+const SHELL_COMMANDS: &[&str] = &[
+    "sudo",
+    "apt",
+    "apt-get",
+    "yum",
+    "dnf",
+    "brew",
+    "grep",
+    "sed",
+    "awk",
+    "chmod",
+    "chown",
+    "mkdir",
+    "rm",
+    "cp",
+    "mv",
+    "tar",
+    "curl",
+    "wget",
+    "docker",
+    "kubectl",
+    "git",
+    "pip",
+    "npm",
+    "cargo",
+    "echo",
+    "export",
+    "cd",
+    "ls",
+    "cat",
+    "ssh",
+    "scp",
+    "rsync",
+    "systemctl",
+    "find",
+    "xargs",
+    "make",
+    "gcc",
+    "python",
+    "python3",
+    "node",
+    "for",
+    "while",
+    "if",
+];
+
+/// Whether a line (trimmed at its start) is shaped like a shell command.
+fn is_shell_line(t: &str) -> bool {
+    if t.starts_with("#!") || t.starts_with("$ ") {
+        return true;
+    }
+    let t = t.trim_end();
+    if matches!(t, "do" | "done" | "fi" | "esac" | "then" | "else") {
+        return true;
+    }
+    let Some((cmd, rest)) = t.split_once(' ') else {
+        return false;
+    };
+    let rest = rest.trim_start();
+    SHELL_COMMANDS.contains(&cmd)
+        && (rest.starts_with('-')
+            || rest.starts_with('/')
+            || rest.starts_with("~/")
+            || rest.starts_with("./")
+            || rest.starts_with('$')
+            || rest.starts_with('"')
+            || (cmd == "for" && rest.contains(" in ")))
 }
 
 #[cfg(test)]
@@ -946,25 +1080,6 @@ mod tests {
         // "more than" is a constraint phrase, so "more" does not count alone.
         assert_eq!(s.marker(Marker::Comparative), 0);
         assert_eq!(s.marker(Marker::Constraint), 1);
-    }
-
-    #[test]
-    fn word_hashes_fold_ascii_case_and_split_like_words() {
-        let a = Scan::new(["Hello, wörld! it's x_1+2"]);
-        let b = Scan::new(["hello wÖrld it's x 1 2"]);
-        // "wörld" and "wÖrld" differ (only ASCII case folds); the rest agree word by word.
-        assert_eq!(a.word_hashes.len(), 6);
-        assert_eq!(b.word_hashes.len(), 6);
-        for i in [0, 2, 3, 4, 5] {
-            assert_eq!(a.word_hashes[i], b.word_hashes[i], "word {i}");
-        }
-        assert_ne!(a.word_hashes[1], b.word_hashes[1]);
-        // A long text keeps only the first MAX_WORD_HASHES.
-        let long = "word ".repeat(2 * MAX_WORD_HASHES);
-        assert_eq!(
-            Scan::new([long.as_str()]).word_hashes.len(),
-            MAX_WORD_HASHES
-        );
     }
 
     #[test]

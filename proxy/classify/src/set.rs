@@ -6,7 +6,7 @@
 
 use crate::{
     ClassifierDefinition, DetectorKind, Explanation, Limits, Prompt, TagKind, Tags,
-    complexity::{self, Complexity},
+    complexity::{self, Complexity, Family, Model},
     definition::Thresholds,
     detect,
     exemplar::{ExemplarError, Exemplars, SentenceEncoder},
@@ -76,6 +76,9 @@ pub struct ClassifierSet {
     limits: Limits,
     detectors: Vec<DetectorKind>,
     complexity: Vec<Complexity>,
+    family: Vec<Family>,
+    /// The model the complexity and family tags share (`None` when the set has neither).
+    model: Option<Arc<Model>>,
     rules: Vec<Rules>,
     exemplars: Vec<Exemplars>,
     external: Vec<External>,
@@ -87,7 +90,7 @@ impl ClassifierSet {
         Self::with_external_clients(def, default_client)
     }
 
-    /// The built-in default: complexity with trained thresholds and every detector.
+    /// The built-in default: complexity by the family rule, the family tag and every detector.
     pub fn builtin() -> Self {
         Self::new(&ClassifierDefinition::builtin()).expect("the built-in definition is valid")
     }
@@ -126,6 +129,8 @@ impl ClassifierSet {
             limits: def.limits,
             detectors,
             complexity: Vec::new(),
+            family: Vec::new(),
+            model: None,
             rules: Vec::new(),
             exemplars: Vec::new(),
             external: Vec::new(),
@@ -150,11 +155,13 @@ impl ClassifierSet {
                     if let Some(th) = thresholds {
                         check_thresholds(name, *th)?;
                     }
-                    set.complexity.push(Complexity::new(
-                        name,
-                        complexity::default_model(),
-                        *thresholds,
-                    ));
+                    let model = set.model.get_or_insert_with(complexity::default_model);
+                    set.complexity
+                        .push(Complexity::new(name, model.clone(), *thresholds));
+                }
+                TagKind::Family => {
+                    set.model.get_or_insert_with(complexity::default_model);
+                    set.family.push(Family::new(name));
                 }
                 TagKind::Rules {
                     value,
@@ -275,19 +282,24 @@ impl ClassifierSet {
 
     fn run_local(&self, prompt: Prompt<'_>, explain: bool) -> Explanation {
         let view = View::new(prompt, self.limits);
-        let needs_scan = !self.complexity.is_empty()
-            || self
-                .detectors
-                .iter()
-                .any(|d| matches!(d, DetectorKind::Code | DetectorKind::Math));
+        let needs_scan = self
+            .detectors
+            .iter()
+            .any(|d| matches!(d, DetectorKind::Code | DetectorKind::Math));
         let scan = if needs_scan {
             Scan::new(view.last_turn())
         } else {
             Scan::default()
         };
         let mut out = Out::new(explain);
-        for c in &self.complexity {
-            c.classify(&view, &scan, &mut out);
+        if let Some(model) = &self.model {
+            let analysis = complexity::analyse(model, &view);
+            for c in &self.complexity {
+                c.classify(&analysis, &mut out);
+            }
+            for f in &self.family {
+                f.classify(&analysis, &mut out);
+            }
         }
         for d in &self.detectors {
             detect::run(*d, &view, &scan, &mut out);

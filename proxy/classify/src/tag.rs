@@ -14,6 +14,8 @@ use std::fmt;
 pub enum ClassifierId {
     /// The built-in complexity model.
     Complexity,
+    /// The built-in family tagger.
+    Family,
     /// A built-in detector.
     Detector(crate::DetectorKind),
     /// Keyword and regex rules declared in the resource.
@@ -42,6 +44,7 @@ impl fmt::Display for ClassifierId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Complexity => f.write_str("complexity"),
+            Self::Family => f.write_str("family"),
             Self::Detector(d) => write!(f, "detector/{}", d.as_str()),
             Self::Rules => f.write_str("rules"),
             Self::Exemplars => f.write_str("exemplars"),
@@ -291,7 +294,8 @@ impl Out {
     }
 }
 
-pub(crate) fn sigmoid(x: f32) -> f32 {
+/// The logistic function, which turns the complexity model's logit into a probability.
+pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 

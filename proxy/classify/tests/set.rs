@@ -84,8 +84,9 @@ fn explanation_names_features_never_prompt_text() {
     assert!(
         c.features
             .iter()
-            .all(|f| f.feature.starts_with("dense:")
-                || f.feature.starts_with("hashed_word_or_pair:"))
+            .all(|f| f.feature.starts_with("level_mass:")
+                || f.feature.starts_with("family:")
+                || f.feature.starts_with("gate:"))
     );
     assert!(json.contains("pii:payment-card"));
     // The explanation's tags are the tags.

@@ -1,18 +1,21 @@
-//! Jittered exponential backoff between reconnection attempts.
+//! Jittered exponential backoff between reconnection attempts: backon's, the crate kube-runtime's
+//! watchers back off with.
 //!
 //! Many sidecars lose the same controller at the same moment; without jitter they would all
-//! reconnect in lockstep. Each delay is drawn uniformly from the upper half of the current step,
-//! and the step doubles from `min` up to `max`.
+//! reconnect in lockstep. Each delay is drawn uniformly from the upper half of the current step
+//! (never below `min`), and the step doubles from `min` up to `max`. backon's jitter adds up to one
+//! base delay to the base (`[base, 2 base)`), so its base runs at half the step: from `min / 2` to
+//! `max / 2`.
 
-use rand::Rng;
+use backon::{BackoffBuilder as _, ExponentialBackoff, ExponentialBuilder};
 use std::time::Duration;
 
 /// The delays before successive retries; [`Backoff::reset`] after a success.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Backoff {
     min: Duration,
-    max: Duration,
-    step: Duration,
+    builder: ExponentialBuilder,
+    delays: ExponentialBackoff,
 }
 
 impl Backoff {
@@ -20,28 +23,27 @@ impl Backoff {
     pub fn new(min: Duration, max: Duration) -> Self {
         let min = min.max(Duration::from_millis(1));
         let max = max.max(min);
+        let builder = ExponentialBuilder::default()
+            .with_min_delay(min / 2)
+            .with_max_delay(max / 2)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times();
         Self {
             min,
-            max,
-            step: min,
+            builder,
+            delays: builder.build(),
         }
     }
 
     /// The next delay, in `[step / 2, step]` (never below `min`), and doubles the step.
     pub fn next_delay(&mut self) -> Duration {
-        let step = self.step;
-        self.step = step.saturating_mul(2).min(self.max);
-        let low = (step / 2).max(self.min).min(step);
-        if low >= step {
-            return step;
-        }
-        let delay_s = rand::rng().random_range(low.as_secs_f64()..=step.as_secs_f64());
-        Duration::from_secs_f64(delay_s)
+        self.delays.next().unwrap_or(self.min).max(self.min)
     }
 
     /// Starts again from `min`.
     pub fn reset(&mut self) {
-        self.step = self.min;
+        self.delays = self.builder.build();
     }
 }
 
@@ -70,5 +72,18 @@ mod tests {
         let mut b = Backoff::new(Duration::from_millis(50), Duration::from_millis(10));
         assert_eq!(b.next_delay(), Duration::from_millis(50));
         assert_eq!(b.next_delay(), Duration::from_millis(50));
+    }
+
+    #[test]
+    fn proxies_that_lose_the_controller_together_do_not_retry_together() {
+        let (min, max) = (Duration::from_millis(100), Duration::from_secs(5));
+        let delays: std::collections::BTreeSet<Duration> = (0..20)
+            .map(|_| {
+                let mut b = Backoff::new(min, max);
+                b.next_delay();
+                b.next_delay()
+            })
+            .collect();
+        assert!(delays.len() > 10, "{delays:?}");
     }
 }

@@ -9,16 +9,21 @@
 //! `OutboundPolicies.Watch` for the target, and one `Destination.Get` per backend either policy
 //! names, started and stopped as the policies change.
 
-#![forbid(unsafe_code)]
-
 mod backends;
 mod backoff;
+pub mod convert;
 mod destination;
 mod health;
 mod policy;
+pub mod refusal;
+mod report;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 
 pub use self::backends::{inference_backends, outbound_backends};
 pub use self::backoff::Backoff;
+pub use self::refusal::{Refusal, Refusals};
+pub use self::report::GuardMeasurements;
 pub use kinference_proxy_api::inference::InferencePolicy;
 
 use linkerd2_proxy_api::outbound::OutboundPolicy;
@@ -50,6 +55,25 @@ pub struct Discovery {
     pub endpoints: watch::Receiver<Arc<Endpoints>>,
     /// True while the streams to the controller are up (the last good state is kept when not).
     pub connected: watch::Receiver<bool>,
+    /// The inference policy messages refused, and the one the current policy is kept over.
+    pub refusals: watch::Receiver<Refusals>,
+    channel: tonic::transport::Channel,
+    config: Arc<DiscoveryConfig>,
+}
+
+impl Discovery {
+    /// Reports the target's quality-guard measurements to the controller as they change, until
+    /// `measurements`' sender is dropped.
+    pub fn report_guards(
+        &self,
+        measurements: watch::Receiver<Arc<GuardMeasurements>>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(report::run(
+            self.channel.clone(),
+            self.config.clone(),
+            measurements,
+        ))
+    }
 }
 
 /// The endpoints of every watched backend. A backend whose Destination stream has answered is
@@ -79,6 +103,7 @@ pub fn spawn(config: DiscoveryConfig) -> Discovery {
     let (inference_tx, inference) = watch::channel(None);
     let (outbound_tx, outbound) = watch::channel(None);
     let (endpoints_tx, endpoints) = watch::channel(Arc::new(Endpoints::default()));
+    let (refusals_tx, refusals) = watch::channel(Refusals::default());
     let (health, connected) = health::Health::new();
     let config = Arc::new(config);
 
@@ -86,6 +111,7 @@ pub fn spawn(config: DiscoveryConfig) -> Discovery {
         channel.clone(),
         config.clone(),
         inference_tx,
+        refusals_tx,
         health.clone(),
     ));
     tokio::spawn(policy::watch_outbound(
@@ -95,8 +121,8 @@ pub fn spawn(config: DiscoveryConfig) -> Discovery {
         health.clone(),
     ));
     tokio::spawn(destination::manage(
-        channel,
-        config,
+        channel.clone(),
+        config.clone(),
         inference.clone(),
         outbound.clone(),
         endpoints_tx,
@@ -107,5 +133,8 @@ pub fn spawn(config: DiscoveryConfig) -> Discovery {
         outbound,
         endpoints,
         connected,
+        refusals,
+        channel,
+        config,
     }
 }

@@ -2,12 +2,15 @@
 //! `OutboundPolicies.Watch` for the target.
 //!
 //! Each message is a complete policy, so a reconnected stream needs no history: its first message
-//! replaces the last good one, which is kept (never cleared) while the stream is down.
+//! replaces the last good one, which is kept (never cleared) while the stream is down. An
+//! inference policy message that would leave a working target with none is refused
+//! ([`crate::refusal`]).
 
 use crate::{
     DiscoveryConfig,
     backoff::Backoff,
     health::{Health, Stream},
+    refusal::{self, Refusals},
 };
 use kinference_proxy_api::{
     InferencePoliciesClient,
@@ -20,13 +23,9 @@ use std::{future::Future, net::SocketAddr, sync::Arc};
 use tokio::sync::watch;
 use tonic::{Status, Streaming, transport::Channel};
 
-pub(crate) async fn watch_inference(
-    channel: Channel,
-    config: Arc<DiscoveryConfig>,
-    tx: watch::Sender<Option<Arc<InferencePolicy>>>,
-    health: Health,
-) {
-    let target = InferenceTarget {
+/// The target as the `InferencePolicies` API names it.
+pub(crate) fn inference_target(config: &DiscoveryConfig) -> InferenceTarget {
+    InferenceTarget {
         source_workload: config.workload.clone(),
         target: Some(match config.target.parse::<SocketAddr>() {
             Ok(a) => inference_target::Target::Addr(SocketAddress {
@@ -35,13 +34,53 @@ pub(crate) async fn watch_inference(
             }),
             Err(_) => inference_target::Target::Authority(config.target.clone()),
         }),
-    };
+    }
+}
+
+pub(crate) async fn watch_inference(
+    channel: Channel,
+    config: Arc<DiscoveryConfig>,
+    tx: watch::Sender<Option<Arc<InferencePolicy>>>,
+    refusals: watch::Sender<Refusals>,
+    health: Health,
+) {
+    let target = inference_target(&config);
     let call = move || {
         let mut client = InferencePoliciesClient::new(channel.clone());
         let target = target.clone();
         async move { Ok(client.watch(target).await?.into_inner()) }
     };
-    run(call, &config, tx, health, Stream::Inference, "inference").await;
+    let admit = move |current: Option<&InferencePolicy>, new: &InferencePolicy| {
+        let refused = refusal::judge(current, new);
+        if let Some(r) = &refused {
+            tracing::warn!(
+                reason = r.reason,
+                message = %r.message,
+                kept_revision = current.map_or("", |c| c.revision.as_str()),
+                "refused a policy that would leave the target with no models; keeping the working one"
+            );
+        }
+        refusals.send_if_modified(|rs| {
+            if let Some(r) = &refused {
+                *rs.total.entry(r.reason).or_default() += 1;
+            } else if rs.kept.is_none() {
+                return false;
+            }
+            rs.kept = refused.clone();
+            true
+        });
+        refused.is_none()
+    };
+    run(
+        call,
+        &config,
+        tx,
+        &admit,
+        health,
+        Stream::Inference,
+        "inference",
+    )
+    .await;
 }
 
 pub(crate) async fn watch_outbound(
@@ -64,15 +103,26 @@ pub(crate) async fn watch_outbound(
         let spec = spec.clone();
         async move { Ok(client.watch(spec).await?.into_inner()) }
     };
-    run(call, &config, tx, health, Stream::Outbound, "outbound").await;
+    run(
+        call,
+        &config,
+        tx,
+        &|_, _| true,
+        health,
+        Stream::Outbound,
+        "outbound",
+    )
+    .await;
 }
 
-/// Opens the stream, publishes each policy, and on any failure keeps the last one, reports the
-/// stream down and retries after a backoff. Returns when nobody receives the policy any more.
+/// Opens the stream, publishes each policy `admit` takes, and on any failure keeps the last one,
+/// reports the stream down and retries after a backoff. Returns when nobody receives the policy
+/// any more.
 async fn run<T, F, Fut>(
     call: F,
     config: &DiscoveryConfig,
     tx: watch::Sender<Option<Arc<T>>>,
+    admit: &(dyn Fn(Option<&T>, &T) -> bool + Send + Sync),
     health: Health,
     stream: Stream,
     api: &'static str,
@@ -84,7 +134,7 @@ async fn run<T, F, Fut>(
     let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
     loop {
         let status = tokio::select! {
-            status = follow(&call, &tx, &health, &stream, &mut backoff) => status,
+            status = follow(&call, &tx, admit, &health, &stream, &mut backoff) => status,
             () = tx.closed() => return,
         };
         health.set(stream.clone(), false);
@@ -101,6 +151,7 @@ async fn run<T, F, Fut>(
 async fn follow<T, F, Fut>(
     call: &F,
     tx: &watch::Sender<Option<Arc<T>>>,
+    admit: &(dyn Fn(Option<&T>, &T) -> bool + Send + Sync),
     health: &Health,
     stream: &Stream,
     backoff: &mut Backoff,
@@ -118,7 +169,7 @@ where
         match messages.message().await {
             Ok(Some(policy)) => {
                 tx.send_if_modified(|current| {
-                    if current.as_deref() == Some(&policy) {
+                    if !admit(current.as_deref(), &policy) || current.as_deref() == Some(&policy) {
                         return false;
                     }
                     *current = Some(Arc::new(policy));

@@ -1,8 +1,8 @@
 //! The discovery client against the real policy controller binary serving `examples/`.
 //!
 //! It needs the controller binary, which the workspace's test build makes (`cargo nextest run
-//! --workspace`); run alone, build it first (`cargo build -p kinference-policy-controller`) or set
-//! `KINFERENCE_POLICY_CONTROLLER` to it. Without it the test says so and skips, except under CI.
+//! --workspace`); run alone, the test builds it first (`kinference_local::workspace_binary`), or
+//! runs the one `KINFERENCE_POLICY_CONTROLLER` names. It never skips.
 
 use kinference_proxy_discovery::{DiscoveryConfig, inference_backends, outbound_backends, spawn};
 use std::{
@@ -19,9 +19,11 @@ fn binary() -> PathBuf {
     if let Ok(path) = std::env::var("KINFERENCE_POLICY_CONTROLLER") {
         return path.into();
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let target = std::env::var("CARGO_TARGET_DIR").map_or(root.join("target"), PathBuf::from);
-    target.join("debug/kinference-policy-controller")
+    kinference_local::workspace_binary(
+        "kinference-policy-controller",
+        "kinference-policy-controller",
+    )
+    .expect("the controller builds")
 }
 
 /// The controller process, killed (and reaped) when dropped.
@@ -83,18 +85,6 @@ async fn wait_for<T: std::fmt::Debug>(
 
 #[tokio::test]
 async fn follows_the_real_controller_through_a_restart() {
-    if !binary().exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set and {} is missing",
-            binary().display()
-        );
-        eprintln!(
-            "SKIPPED: {} is missing (cargo build -p kinference-policy-controller)",
-            binary().display()
-        );
-        return;
-    }
     let (child, addr) = controller("127.0.0.1:0");
     let mut d = spawn(DiscoveryConfig {
         controller: format!("http://{addr}").parse().unwrap(),

@@ -319,3 +319,49 @@ async fn a_backend_removed_from_policy_stops_its_destination_watch() {
     .await;
     assert!(*d.connected.borrow());
 }
+
+#[tokio::test]
+async fn guard_measurements_are_reported_to_the_controller_as_they_change() {
+    use kinference_proxy_api::inference::{GuardStatus, guard_status::State};
+    use kinference_proxy_discovery::GuardMeasurements;
+    let script = Script::new();
+    script
+        .inference
+        .send_replace(Some(inference_policy("1", &[("glm-5.3", GLM)])));
+    let server = Server::start(script.clone(), "127.0.0.1:0".parse().unwrap());
+    let d = spawn(config(server.addr));
+    let (tx, rx) = tokio::sync::watch::channel(std::sync::Arc::new(GuardMeasurements::default()));
+    let _reporter = d.report_guards(rx);
+    let status = |state: State| GuardStatus {
+        tenant: "apps/chat".into(),
+        rule: "low".into(),
+        family: "math".into(),
+        state: state as i32,
+        samples: 4,
+        min_samples: 4,
+        gap: Some(1.0),
+        tolerance: 0.1,
+    };
+    // Nothing measured: nothing sent. Then each change is reported with the target and revision.
+    tx.send_replace(std::sync::Arc::new(GuardMeasurements {
+        revision: "1".into(),
+        guards: vec![status(State::Measuring)],
+    }));
+    let mut reports = script.guard_reports.subscribe();
+    wait_for(&mut reports, "the first report", |r| !r.is_empty()).await;
+    tx.send_replace(std::sync::Arc::new(GuardMeasurements {
+        revision: "1".into(),
+        guards: vec![status(State::Suspended)],
+    }));
+    wait_for(&mut reports, "the suspension", |r| {
+        r.last()
+            .is_some_and(|r| r.guards[0].state == State::Suspended as i32)
+    })
+    .await;
+    let all = script.guard_reports.borrow().clone();
+    assert_eq!(all[0].guards[0].state, State::Measuring as i32);
+    let last = all.last().unwrap();
+    assert_eq!(last.revision, "1");
+    let target = last.target.as_ref().unwrap();
+    assert_eq!(target.source_workload, config(server.addr).workload);
+}

@@ -13,6 +13,7 @@
 //! and once in the IPv6 one (`ip6tables-restore`), each with its own loopback network and the
 //! skipped CIDRs of its own family, or an app reaching its model over IPv6 would bypass the proxy.
 
+use ipnet::IpNet;
 use std::{fmt, net::IpAddr, str::FromStr};
 
 /// The nat chain Kinference owns.
@@ -77,35 +78,25 @@ impl fmt::Display for PortRange {
     }
 }
 
-/// A destination network.
+/// A destination network: a CIDR (`10.96.0.0/12`), or one address (its /32 or /128).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cidr {
-    pub addr: IpAddr,
-    pub prefix_len: u8,
-}
+pub struct Cidr(pub IpNet);
 
 impl FromStr for Cidr {
     type Err = ParseError;
 
     fn from_str(s: &str) -> Result<Self, ParseError> {
-        let err = || ParseError::Cidr(s.to_string());
-        let (addr, len) = match s.trim().split_once('/') {
-            Some((a, l)) => (a, Some(l)),
-            None => (s.trim(), None),
-        };
-        let addr: IpAddr = addr.parse().map_err(|_| err())?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let prefix_len = match len {
-            Some(l) => l.parse::<u8>().ok().filter(|l| *l <= max).ok_or_else(err)?,
-            None => max,
-        };
-        Ok(Self { addr, prefix_len })
+        let t = s.trim();
+        t.parse::<IpNet>()
+            .or_else(|_| t.parse::<IpAddr>().map(IpNet::from))
+            .map(Self)
+            .map_err(|_| ParseError::Cidr(s.to_string()))
     }
 }
 
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix_len)
+        self.0.fmt(f)
     }
 }
 
@@ -136,8 +127,8 @@ impl Family {
 
     fn holds(self, cidr: &Cidr) -> bool {
         match self {
-            Self::V4 => cidr.addr.is_ipv4(),
-            Self::V6 => cidr.addr.is_ipv6(),
+            Self::V4 => matches!(cidr.0, IpNet::V4(_)),
+            Self::V6 => matches!(cidr.0, IpNet::V6(_)),
         }
     }
 }

@@ -44,6 +44,8 @@ impl Reason {
 pub enum Exclusion {
     NotReady,
     MissingLoraAdapter,
+    /// Failure accrual took it out of rotation (see [`crate::accrual`]).
+    Ejected,
 }
 
 /// One candidate endpoint as the decision saw it.

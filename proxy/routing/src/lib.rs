@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod accrual;
 pub mod affinity;
 pub mod decision;
 pub mod endpoint;

@@ -96,6 +96,10 @@ pub struct PredictConfig {
     /// When the step in progress has already run longer than a decode step (a prefill chunk), the
     /// expected rest of it as a fraction of how long it has run.
     pub long_step_residual_fraction: f64,
+    /// Weight of staleness in the selection cost: an endpoint whose scraped queue is older than
+    /// the freshness budget is charged `weight ×` the time past it (`staleness_cost_s`), since
+    /// what it holds now is unknown (a wedged endpoint's scrapes stop first). 0 turns it off.
+    pub staleness_cost_weight: f64,
 }
 
 impl Default for PredictConfig {
@@ -118,6 +122,7 @@ impl Default for PredictConfig {
             prefilling_remaining_fraction: 0.5,
             miss_cost_weight: 3.0,
             long_step_residual_fraction: 0.25,
+            staleness_cost_weight: 1.0,
         }
     }
 }
@@ -318,8 +323,15 @@ pub struct Prediction {
     /// (ranked_ttft_s + queue_cost_s + miss_cost_s)`, so a substitute wins only when clearly
     /// faster; else 0.
     pub substitute_cost_s: f64,
-    /// `ranked_ttft_s + queue_cost_s + miss_cost_s + substitute_cost_s` (the ranked TTFT is the
-    /// undated reading's): what the selection minimises.
+    /// For an endpoint whose scraped queue is past the freshness budget:
+    /// `staleness_cost_weight ×` the time past it; else 0.
+    pub staleness_cost_s: f64,
+    /// What the endpoint's recent failures cost: the share of its recent attempts that failed
+    /// times the TTFT a retry elsewhere would add (set by the router; 0 without failures).
+    pub failure_cost_s: f64,
+    /// `ranked_ttft_s + queue_cost_s + miss_cost_s + staleness_cost_s + failure_cost_s +
+    /// substitute_cost_s` (the ranked TTFT is the undated reading's): what the selection
+    /// minimises.
     pub selection_cost_s: f64,
     /// How long ago the engine published what the scrapes read (the middle of the bracket the
     /// scrapes put around it), when they tell publications apart (`vllm:generation_tokens_total`
@@ -372,6 +384,9 @@ pub fn predict(
         }
         _ => 0,
     };
+    // A stale reading is kept as it was, never taken as an empty queue: an endpoint whose scrapes
+    // stopped (a wedged one does) must not look idle. It is not drained by the time since either
+    // (below), and the selection charges its age (`staleness_cost_s`).
     let other_waiting_requests = match s.num_requests_waiting {
         Some(o) if o.is_fresh(now, budget) => {
             let as_of = s
@@ -380,7 +395,8 @@ pub fn predict(
                 .map_or(o.at, |l| l.at);
             (o.value + unpublished_requests).saturating_sub(own.awaiting_first_token_as_of(as_of))
         }
-        _ => 0,
+        Some(o) => o.value.saturating_sub(own.awaiting_first_token_as_of(o.at)),
+        None => 0,
     };
     let hit_fraction = s.prefix_hit_fraction.map_or(0.0, |o| o.value);
     let other_request_tokens = view.mean_prompt_tokens.max(0.0) * (1.0 - hit_fraction);
@@ -400,8 +416,8 @@ pub fn predict(
         .map(|o| SignalInput::of(&o, now, budget));
     let own_decoding = own.decoding();
     let running_seqs = match s.num_requests_running {
-        Some(o) if o.is_fresh(now, budget) => o.value.max(own_decoding),
-        _ => own_decoding,
+        Some(o) => o.value.max(own_decoding),
+        None => own_decoding,
     };
     let budget_tokens = f64::from(view.prior.max_num_batched_tokens.max(1));
     let decode_step_s = view.prior.time_per_output_token_s
@@ -566,6 +582,12 @@ pub fn predict(
     };
     let queue_cost_s =
         config.queue_cost_weight.max(0.0) * marginal_delay_s * f64::from(requests_behind);
+    let staleness_cost_s = s
+        .num_requests_waiting
+        .filter(|o| !o.is_fresh(now, budget))
+        .map_or(0.0, |o| {
+            config.staleness_cost_weight.max(0.0) * o.age(now).saturating_sub(budget).as_secs_f64()
+        });
 
     Prediction {
         prompt_tokens,
@@ -604,7 +626,9 @@ pub fn predict(
         miss_cost_s: 0.0,
         substitute_cost_s: 0.0,
         published_age_s,
-        selection_cost_s: undated.predicted_ttft_s + queue_cost_s,
+        staleness_cost_s,
+        failure_cost_s: 0.0,
+        selection_cost_s: undated.predicted_ttft_s + queue_cost_s + staleness_cost_s,
         undated,
         signals_fresh: s
             .num_requests_waiting
@@ -734,14 +758,29 @@ impl Prediction {
             .saturating_sub(self.cached_tokens);
         self.miss_cost_s = config.miss_cost_weight.max(0.0) * f64::from(self.duplicate_tokens)
             / self.prefill_tokens_per_second.max(1.0);
-        self.selection_cost_s = self.ranked_ttft_s() + self.queue_cost_s + self.miss_cost_s;
+        self.selection_cost_s = self.charged_s() + self.substitute_cost_s;
+    }
+
+    /// Charges the endpoint's recent failures: `failure_share ×` the TTFT a retry elsewhere adds.
+    pub fn charge_failures(&mut self, failure_share: f64, retry_s: f64) {
+        self.failure_cost_s = failure_share.clamp(0.0, 1.0) * retry_s.max(0.0);
+        self.selection_cost_s = self.charged_s() + self.substitute_cost_s;
     }
 
     /// Charges a candidate of a substitute model (not the requested one) `margin` of its cost.
     pub fn charge_substitute(&mut self, margin: f64) {
-        let base = self.ranked_ttft_s() + self.queue_cost_s + self.miss_cost_s;
+        let base = self.charged_s();
         self.substitute_cost_s = margin.max(0.0) * base;
         self.selection_cost_s = base + self.substitute_cost_s;
+    }
+
+    /// The ranked TTFT and every charge but the substitute's.
+    fn charged_s(&self) -> f64 {
+        self.ranked_ttft_s()
+            + self.queue_cost_s
+            + self.miss_cost_s
+            + self.staleness_cost_s
+            + self.failure_cost_s
     }
 }
 
@@ -886,10 +925,10 @@ mod tests {
         let p = predict_at(&own, 1.244);
         assert!(close(p.undated.step_residual_s, 0.25 * 0.2));
         // Longer than any step can be (2 × (8,192 / 10,000 + 0.021) s): not a step time. (The
-        // scrape is stale by then: the running batch is the own stream alone, a 20.1 ms step.)
+        // scrape is stale by then, and kept: the running batch is still its 10, a 21 ms step.)
         let p = predict_at(&own, 1.044 + 2.0);
         assert_eq!(p.step_elapsed_s, None);
-        assert!(close(p.dated.step_residual_s, 0.5 * 0.0201));
+        assert!(close(p.dated.step_residual_s, 0.5 * 0.021));
     }
 
     #[test]
@@ -1046,14 +1085,15 @@ mod tests {
         // A load below the gauges' sum (requests finished since the step's end) adds nothing.
         signals.server_load = Some(Observed::new(12, t(1.0)));
         assert_eq!(at(&signals).other_waiting_requests, 3);
-        // A load older than the gauges, or past the freshness budget, is not used.
+        // A load older than the gauges, or past the freshness budget, is not used; stale gauges
+        // are kept as they were read (5 waiting, none of them own by 0.5), never taken as empty.
         signals.server_load = Some(Observed::new(18, t(0.95)));
         assert_eq!(at(&signals).unpublished_requests, 0);
         signals.server_load = Some(Observed::new(18, t(0.5)));
         signals.num_requests_waiting = Some(Observed::new(5, t(0.5)));
         signals.num_requests_running = Some(Observed::new(10, t(0.5)));
         let p = at(&signals);
-        assert_eq!((p.unpublished_requests, p.other_waiting_requests), (0, 0));
+        assert_eq!((p.unpublished_requests, p.other_waiting_requests), (0, 5));
         assert!(!p.server_load.unwrap().used);
     }
 
@@ -1225,7 +1265,7 @@ mod tests {
     }
 
     #[test]
-    fn stale_signals_drop_out_and_own_inflight_remains() {
+    fn stale_signals_keep_their_last_reading_and_charge_their_age() {
         let (signals, own) = example();
         let prior = ModelPrior::default();
         let view = example_view(&signals, &own, &prior);
@@ -1238,21 +1278,29 @@ mod tests {
             &PredictConfig::default(),
         );
         assert!(!p.signals_fresh);
-        assert_eq!(p.other_waiting_requests, 0);
-        assert_eq!(p.running_seqs, 0);
-        assert!(close(p.dated.kv_pressure_factor, 1.0));
-        // The own requests were predicted to begin at 1.2; by 1.6 their schedule has them done.
-        assert!(close(p.dated.queued_prefill_tokens, 0.0));
-        assert!(close(p.dated.raw_ttft_s, 0.4 + 0.02 + 0.01));
-        // Read undated: 0.15 s of own queue, half a 20 ms step in progress, the prefill, one step
-        // (5,500 tokens fit in one), the overhead.
-        assert!(close(p.undated.queued_prefill_tokens, 1_500.0));
-        assert!(close(p.undated.raw_ttft_s, 0.15 + 0.01 + 0.4 + 0.02 + 0.01));
-        // Only own requests are known to queue: 2, each 0.4 s longer behind this one.
-        assert_eq!(p.requests_behind, 2);
-        assert!(close(p.queue_cost_s, 0.8));
+        // The last reading stands, less the own requests it counted: never an empty queue.
+        assert_eq!(p.other_waiting_requests, 3);
+        assert_eq!(p.running_seqs, 10);
+        // Not drained by the time since: the engine may not have moved (scrapes stop first when
+        // it wedges). Own 1,500 tokens + 3 × 1,000 of others'.
+        assert!(close(p.undated.queued_prefill_tokens, 4_500.0));
+        // 100 ms past the budget, charged one for one in the selection.
+        assert!(close(p.staleness_cost_s, 0.1));
+        assert!(close(
+            p.selection_cost_s,
+            p.undated.predicted_ttft_s + p.queue_cost_s + 0.1
+        ));
         let w = p.reported_waiting.unwrap();
         assert!(!w.used && close(w.age_s, 0.6));
+        // Fresh, nothing is charged.
+        let fresh = predict(
+            &view,
+            8_000,
+            Some((4_000, PrefixSource::Approximate)),
+            t(1.2),
+            &PredictConfig::default(),
+        );
+        assert_eq!(fresh.staleness_cost_s, 0.0);
     }
 
     #[test]

@@ -30,6 +30,12 @@ pub trait BlockHasher {
     /// The prompt's full-block hashes for `model` with `block_size_tokens`-token blocks, in prompt
     /// order, or `None` if this model's hashing is unknown.
     fn block_hashes(&self, model: &ModelName, block_size_tokens: u32) -> Option<Vec<BlockHash>>;
+
+    /// The prompt's length in `model`'s own tokens, when this hasher tokenizes for that model
+    /// (exact where the caller's count is an estimate).
+    fn token_count(&self, _model: &ModelName) -> Option<u32> {
+        None
+    }
 }
 
 /// Where a cached-token count came from.

@@ -7,6 +7,7 @@
 //! fleet benchmark run the same code.
 
 use crate::{
+    accrual::{Accrual, AccrualConfig},
     affinity::{self, AffinityConfig},
     decision::{Candidate, Decision, Excluded, Exclusion, Reason},
     endpoint::{EndpointId, EndpointMeta, ModelName, Scrape, Signals},
@@ -31,6 +32,8 @@ pub struct RouterConfig {
     pub approx: ApproxConfig,
     /// Prefix affinity among near-equal candidates (see [`crate::affinity`]).
     pub affinity: AffinityConfig,
+    /// Failure accrual: when failing endpoints are ejected (see [`crate::accrual`]).
+    pub accrual: AccrualConfig,
     /// A candidate of a model other than the requested one (a substitute the policy allows) has
     /// its selection cost multiplied by `1 + substitute_margin`, so it wins only when clearly
     /// faster. A substitute is another model, usually a smaller one: moving a request to it on a
@@ -53,6 +56,7 @@ impl Default for RouterConfig {
             predict: PredictConfig::default(),
             approx: ApproxConfig::default(),
             affinity: AffinityConfig::default(),
+            accrual: AccrualConfig::default(),
             substitute_margin: 0.5,
             tie_window: DEFAULT_TIE_WINDOW,
             latency_tau: DEFAULT_TAU,
@@ -128,6 +132,8 @@ struct EndpointState {
     /// Peak-EWMA of observed TTFT in seconds, resting at 0 (the fallback's latency).
     latency: PeakEwma,
     precise: Option<PreciseIndex>,
+    /// Its recent failures, and whether they ejected it.
+    accrual: Accrual,
     /// The chunk hashes of own requests sent here that have not had their first token yet.
     pending_prompts: Vec<(u64, Arc<[BlockHash]>)>,
 }
@@ -255,6 +261,7 @@ impl Router {
             correction: PeakEwma::new(1.0, 1.0, self.config.predict.correction_tau, now),
             latency: PeakEwma::new(0.0, 0.0, self.config.latency_tau, now),
             precise: None,
+            accrual: Accrual::default(),
             pending_prompts: Vec::new(),
         });
     }
@@ -349,6 +356,8 @@ impl Router {
                 let Some(st) = s.state.as_ref() else { continue };
                 let why = if !st.ready {
                     Some(Exclusion::NotReady)
+                } else if !st.accrual.available(now) {
+                    Some(Exclusion::Ejected)
                 } else if request
                     .lora_adapter
                     .is_some_and(|a| !st.meta.serves_adapter(a))
@@ -415,16 +424,20 @@ impl Router {
                     mean_prompt_tokens: self.mean_prompt_tokens,
                     mean_service_s: st.service.mean_s(),
                 };
+                let mut prediction = predict(
+                    &view,
+                    request.prompt_tokens,
+                    Some(cached),
+                    now,
+                    &cfg.predict,
+                );
+                // A failed attempt here costs, with its recent share, about another TTFT elsewhere.
+                let retry_s = prediction.ranked_ttft_s();
+                prediction.charge_failures(st.accrual.failure_share, retry_s);
                 candidates.push(Candidate {
                     endpoint: st.meta.id.clone(),
                     model: model.clone(),
-                    prediction: predict(
-                        &view,
-                        request.prompt_tokens,
-                        Some(cached),
-                        now,
-                        &cfg.predict,
-                    ),
+                    prediction,
                     p2c: None,
                     slot,
                     generation: s.generation,
@@ -530,28 +543,79 @@ impl Router {
         if pool.is_empty() {
             pool = (0..decision.candidates.len()).collect();
         }
-        let mut costs: Vec<P2cInputs> = pool
-            .iter()
-            .map(|&i| {
-                let c = &decision.candidates[i];
-                let st = self.slots[c.slot as usize].state.as_ref();
-                let (latency_s, pending) = st.map_or((c.prediction.undated.raw_ttft_s, 0), |st| {
-                    let latency_s = if st.latency.is_observed() {
-                        st.latency.value_at(now)
-                    } else {
-                        c.prediction.undated.raw_ttft_s
-                    };
-                    (latency_s, st.inflight.pending())
-                });
-                P2cInputs::new(latency_s, pending)
-            })
-            .collect();
-        let pick = power_of_two(&mut costs, rng);
+        let (pick, costs) = self.power_of_two_among(&decision, &pool, now, rng);
         for (&i, p2c) in pool.iter().zip(costs) {
             decision.candidates[i].p2c = Some(p2c);
         }
         decision.chosen = pick.map(|k| pool[k]);
         decision
+    }
+
+    /// Plain balancing over `pool` (indices into `decision.candidates`): Linkerd's peak-EWMA power
+    /// of two, each endpoint costed by its observed-TTFT peak-EWMA (its undated predicted TTFT
+    /// until it has one) times its pending requests plus one. Returns the index into `pool` of the
+    /// pick and every endpoint's inputs. The fallback and shadow mode both balance this way.
+    pub fn power_of_two_among(
+        &self,
+        decision: &Decision,
+        pool: &[usize],
+        now: Time,
+        rng: &mut impl Rng,
+    ) -> (Option<usize>, Vec<P2cInputs>) {
+        let mut costs: Vec<P2cInputs> = pool
+            .iter()
+            .map(|&i| {
+                let c = &decision.candidates[i];
+                let st = self.slots[c.slot as usize]
+                    .state
+                    .as_ref()
+                    .filter(|_| self.slots[c.slot as usize].generation == c.generation);
+                st.map_or(P2cInputs::new(c.prediction.undated.raw_ttft_s, 0), |st| {
+                    Self::p2c_of(st, c.prediction.undated.raw_ttft_s, now)
+                })
+            })
+            .collect();
+        let pick = power_of_two(&mut costs, rng);
+        (pick, costs)
+    }
+
+    /// The peak-EWMA power-of-two inputs of one endpoint; `default_latency_s` stands in for an
+    /// endpoint with no observed TTFT yet.
+    pub fn p2c_inputs(&self, id: &EndpointId, default_latency_s: f64, now: Time) -> P2cInputs {
+        self.state(id)
+            .map_or(P2cInputs::new(default_latency_s, 0), |st| {
+                Self::p2c_of(st, default_latency_s, now)
+            })
+    }
+
+    fn p2c_of(st: &EndpointState, default_latency_s: f64, now: Time) -> P2cInputs {
+        let latency_s = if st.latency.is_observed() {
+            st.latency.value_at(now)
+        } else {
+            default_latency_s
+        };
+        P2cInputs::new(latency_s, st.inflight.pending())
+    }
+
+    /// The endpoint's peak-EWMA of observed TTFT at `now`, once it has observed one.
+    pub fn observed_latency_s(&self, id: &EndpointId, now: Time) -> Option<f64> {
+        self.state(id)
+            .filter(|st| st.latency.is_observed())
+            .map(|st| st.latency.value_at(now))
+    }
+
+    /// Every endpoint of `model`, ready or not, in id order.
+    pub fn endpoints_of(&self, model: &ModelName) -> Vec<EndpointId> {
+        let mut ids: Vec<EndpointId> = self
+            .by_model
+            .get(model)
+            .into_iter()
+            .flatten()
+            .filter_map(|&slot| self.slots[slot as usize].state.as_ref())
+            .map(|st| st.meta.id.clone())
+            .collect();
+        ids.sort();
+        ids
     }
 
     /// Among the candidates of the lowest-cost candidate's model whose cost is within the affinity
@@ -746,6 +810,30 @@ impl Router {
                 .observe(at.saturating_since(first).as_secs_f64(), &cfg);
         }
         Ok(())
+    }
+
+    /// An attempt on `id` succeeded: its failure record is reset (a probation ends).
+    pub fn observe_success(&mut self, id: &EndpointId) -> Result<(), RouterError> {
+        let cfg = self.config.accrual;
+        self.state_mut(id)?.accrual.success(&cfg);
+        Ok(())
+    }
+
+    /// An attempt on `id` failed at `at` (`draw` in `[0, 1)` places the backoff within its
+    /// jitter). Returns whether it ejected the endpoint (see [`crate::accrual`]).
+    pub fn observe_failure(
+        &mut self,
+        id: &EndpointId,
+        at: Time,
+        draw: f64,
+    ) -> Result<bool, RouterError> {
+        let cfg = self.config.accrual;
+        Ok(self.state_mut(id)?.accrual.failure(at, &cfg, draw))
+    }
+
+    /// The endpoint's failure record.
+    pub fn accrual(&self, id: &EndpointId) -> Option<&Accrual> {
+        self.state(id).map(|st| &st.accrual)
     }
 
     /// The endpoint's learned service time (first token to completion), in seconds, once any of

@@ -558,7 +558,7 @@ fn a_prefill_shorter_than_two_decode_steps_does_not_teach_the_rate() {
 }
 
 #[test]
-fn one_stale_endpoint_keeps_only_its_own_inflight_when_others_are_fresh() {
+fn one_stale_endpoint_keeps_its_last_queue_and_pays_for_its_age() {
     let cands = models(&[GLM]);
     let glm = &cands[0];
     let mut r = fleet(2, GLM, Some((t(1.0), 0)));
@@ -582,16 +582,19 @@ fn one_stale_endpoint_keeps_only_its_own_inflight_when_others_are_fresh() {
         .find(|c| c.endpoint.as_str() == "e0")
         .unwrap();
     assert!(!stale.prediction.signals_fresh);
-    assert_eq!(stale.prediction.other_waiting_requests, 0);
+    // Its last reading stands (10 waiting), never an empty queue, and its age past the budget
+    // (0.3 s) is charged.
+    assert_eq!(stale.prediction.other_waiting_requests, 10);
     assert!(close(stale.prediction.reported_waiting.unwrap().age_s, 0.8));
+    assert!(close(stale.prediction.staleness_cost_s, 0.3));
     let fresh = d
         .candidates
         .iter()
         .find(|c| c.endpoint.as_str() == "f0")
         .unwrap();
     assert_eq!(fresh.prediction.other_waiting_requests, 1);
-    // e0 looks empty (0.11 s) and f0 has one 1,000-token request queued (0.21 s): e0 wins.
-    assert_eq!(d.chosen_endpoint().unwrap().as_str(), "e0");
+    // e0's unknown queue is not read as empty: f0, with one 1,000-token request queued, wins.
+    assert_eq!(d.chosen_endpoint().unwrap().as_str(), "f0");
 }
 
 #[test]
@@ -983,4 +986,53 @@ fn a_substitute_model_wins_only_when_clearly_faster() {
     let d = run(0);
     assert_eq!(d.chosen_model().unwrap().as_str(), GLM);
     assert_eq!(d.reason, Reason::LowestPredictedTtft);
+}
+
+#[test]
+fn a_fast_failing_endpoint_is_charged_then_ejected_then_back_on_probation() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    // e0 idle, e1 with 2 waiting: e0 is the better place by its signals.
+    let mut r = fleet(2, GLM, Some((t(1.0), 0)));
+    scrape(&mut r, &EndpointId::from("e1"), t(1.0), 2, 0, 0.1);
+    let blocks = prompt("q");
+    let e0 = EndpointId::from("e0");
+    assert_eq!(
+        decide(&r, glm, &cands, 1_000, &blocks, t(1.1))
+            .chosen_endpoint()
+            .unwrap()
+            .as_str(),
+        "e0"
+    );
+    // Its answers fail: each raises its failure share, which the selection charges.
+    assert!(!r.observe_failure(&e0, t(1.1), 0.0).unwrap());
+    let d = decide(&r, glm, &cands, 1_000, &blocks, t(1.1));
+    let c0 = d.candidates.iter().find(|c| c.endpoint == e0).unwrap();
+    assert!(close(
+        c0.prediction.failure_cost_s,
+        0.2 * c0.prediction.ranked_ttft_s()
+    ));
+    // The seventh in a row ejects it for the first backoff (1 s, no jitter drawn).
+    for _ in 0..5 {
+        assert!(!r.observe_failure(&e0, t(1.1), 0.0).unwrap());
+    }
+    assert!(r.observe_failure(&e0, t(1.1), 0.0).unwrap());
+    let d = decide(&r, glm, &cands, 1_000, &blocks, t(1.2));
+    assert_eq!(d.chosen_endpoint().unwrap().as_str(), "e1");
+    assert_eq!(
+        d.excluded.iter().find(|e| e.endpoint == e0).map(|e| e.why),
+        Some(Exclusion::Ejected)
+    );
+    // Past the backoff it is a candidate again, on probation.
+    scrape(&mut r, &EndpointId::from("e0"), t(2.1), 0, 0, 0.1);
+    scrape(&mut r, &EndpointId::from("e1"), t(2.1), 2, 0, 0.1);
+    let d = decide(&r, glm, &cands, 1_000, &blocks, t(2.2));
+    assert!(d.candidates.iter().any(|c| c.endpoint == e0));
+    assert!(r.accrual(&e0).unwrap().on_probation(t(2.2)));
+    // One failure on probation ejects it for twice as long; a success would have ended it.
+    assert!(r.observe_failure(&e0, t(2.2), 0.0).unwrap());
+    assert_eq!(r.accrual(&e0).unwrap().ejected_until, Some(t(4.2)));
+    r.observe_success(&e0).unwrap();
+    assert!(r.accrual(&e0).unwrap().available(t(2.3)));
+    assert_eq!(r.accrual(&e0).unwrap().consecutive_failures, 0);
 }

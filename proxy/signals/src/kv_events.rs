@@ -3,22 +3,29 @@
 //!
 //! vLLM's `ZmqEventPublisher` sends one multipart message per engine step with events: the topic,
 //! an 8-byte big-endian sequence number, and a msgpack `KVEventBatch`. msgspec encodes the batch
-//! `array_like` as `[ts, [event, ...], data_parallel_rank]` and each tagged event as
-//! `[tag, field, ...]` in declaration order:
+//! `array_like` as `[ts, [event, ...], data_parallel_rank]`. vLLM 0.32 encodes each tagged event
+//! as a map, its fields in declaration order and those at their default omitted (recorded from
+//! real vLLM 0.32.0 in `tests/fixtures/vllm-0.32.0`, decoded by `tests/vllm_fixtures.rs`):
 //!
-//! - `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, ...]`
-//! - `["BlockRemoved", block_hashes, medium]`
-//! - `["AllBlocksCleared"]`
+//! - `{"type": "BlockStored", "block_hashes", "parent_block_hash", "token_ids", "block_size",
+//!   "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"}`
+//! - `{"type": "BlockRemoved", "block_hashes", "medium", "group_idx"}`
+//! - `{"type": "AllBlocksCleared"}`
 //!
-//! Older vLLM omits trailing fields (`medium`, `lora_name`, the rank); the map form msgspec writes
-//! without `array_like` (`{"type": "BlockStored", "block_hashes": ...}`) is accepted too. Events of
-//! another medium than the GPU (a CPU offload tier) are skipped: the index mirrors the GPU cache.
-//! Unknown event tags are skipped so newer vLLM does not break older proxies.
+//! The positional form of `array_like` events (`["BlockStored", block_hashes, parent_block_hash,
+//! token_ids, block_size, lora_id, medium, ...]`, `["BlockRemoved", block_hashes, medium]`,
+//! `["AllBlocksCleared"]`), with trailing fields omitted as older vLLM did, is accepted too. The
+//! fields after `block_size` that the index does not use (`extra_keys`, `group_idx`,
+//! `kv_cache_spec_kind`) are ignored. Events of another medium than the GPU (a CPU offload tier)
+//! are skipped: the index mirrors the GPU cache. Unknown event tags are skipped so newer vLLM does
+//! not break older proxies.
 //!
-//! Block hashes are integers in vLLM up to 0.10 and 32-byte digests since; the routing core keys by
-//! `u64`, so an integer is taken as its 64-bit two's-complement value and a byte string as its last
-//! eight bytes, big-endian (how the Inference Extension's KV-cache indexer folds them too). A
-//! [`kinference_routing::BlockHasher`] must fold the same way.
+//! Block hashes are 32-byte digests inside vLLM; it publishes them folded to integers by default
+//! (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`: the digest's last eight bytes, big-endian, as in the
+//! recorded 0.32.0 frames) and as the digests themselves otherwise. The routing core keys by
+//! `u64`, so an integer is taken as its 64-bit two's-complement value and a byte string as its
+//! last eight bytes, big-endian: both forms fold to the same key (how the Inference Extension's
+//! KV-cache indexer folds them too). A [`kinference_routing::BlockHasher`] must fold the same way.
 //!
 //! Sequence numbers are checked: a gap (or a restart from 0) means events were lost, and the
 //! subscriber yields [`KvEventError::SequenceGap`] before the batch so the caller can clear that

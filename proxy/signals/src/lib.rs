@@ -9,6 +9,8 @@
 
 #![forbid(unsafe_code)]
 
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod kv_events;
 pub mod metrics;
 pub mod scrape;

@@ -10,6 +10,18 @@
 //! Engines are combined as their meaning requires: queue lengths, counters and GPU blocks are
 //! summed; the KV-cache usage fraction is averaged (each engine reports a fraction of its own
 //! cache, all of one size); `block_size` is the first engine's.
+//!
+//! The reader is hand-written because no maintained crate reads vLLM's exposition (checked in
+//! December 2026). vLLM's names carry a colon (`vllm:num_requests_waiting`), which the Prometheus
+//! data model allows (`[a-zA-Z_:][a-zA-Z0-9_:]*`) but `prometheus-parse` 0.2 does not: its names
+//! are `\w+`, so `vllm-sim`'s tests spell `vllm:` as `vllm__` to use it
+//! (`integration/vllm-sim/tests/server/metrics.rs`). Of the crates that do read colons,
+//! `openmetrics-parser` is LGPL-3.0 (this workspace is Apache-2.0 and links statically);
+//! `nom-openmetrics` has two 0.x releases (2025) and one known user, and builds an owned tree of
+//! every family per scrape; `prometheus-exposition-format-rs` (0.1.2, on nom 5) and
+//! `prom_text_format_parser` (0.1.0) are 0.1 crates of one author each. The proxy scrapes each
+//! endpoint every 100 ms for a dozen families: this reader borrows from the text and skips the
+//! rest line by line, and its tests pin what it accepts.
 
 use std::{borrow::Cow, collections::BTreeMap};
 
@@ -19,6 +31,11 @@ use std::{borrow::Cow, collections::BTreeMap};
 pub struct VllmMetrics {
     pub num_requests_running: Option<f64>,
     pub num_requests_waiting: Option<f64>,
+    /// `vllm:num_requests_waiting_by_reason` (vLLM 0.32 and later), by its `reason` label
+    /// (`capacity`: waiting for scheduling capacity; `deferred`: held back by a transient
+    /// constraint such as the LoRA budget or a KV transfer), summed over engines. The reasons add
+    /// up to `num_requests_waiting`. Empty when the exposition does not carry the family.
+    pub num_requests_waiting_by_reason: BTreeMap<String, f64>,
     /// In `[0, 1]`, from `vllm:kv_cache_usage_perc` or the older `vllm:gpu_cache_usage_perc`.
     pub kv_cache_usage: Option<f64>,
     pub prefix_cache_queries_tokens: Option<f64>,
@@ -107,6 +124,7 @@ pub fn parse_vllm_metrics(text: &str) -> Result<VllmMetrics, ParseError> {
     let mut prompt_tokens = Renamed::default();
     let mut generation_tokens = Renamed::default();
     let mut preemptions = Renamed::default();
+    let mut waiting_by_reason: BTreeMap<String, f64> = BTreeMap::new();
     let mut block_size: Option<u32> = None;
     // num_gpu_blocks per engine, so a repeated sample is not counted twice.
     let mut gpu_blocks: BTreeMap<String, Option<u32>> = BTreeMap::new();
@@ -141,6 +159,12 @@ pub fn parse_vllm_metrics(text: &str) -> Result<VllmMetrics, ParseError> {
             "vllm:prompt_tokens_total" | "vllm:prompt_tokens" => Some(&mut prompt_tokens.current),
             "vllm:generation_tokens_total" | "vllm:generation_tokens" => {
                 Some(&mut generation_tokens.current)
+            }
+            "vllm:num_requests_waiting_by_reason" => {
+                seen = true;
+                let reason = sample.label("reason").unwrap_or_default().to_string();
+                *waiting_by_reason.entry(reason).or_default() += sample.value;
+                None
             }
             "vllm:cache_config_info" => {
                 seen = true;
@@ -194,6 +218,7 @@ pub fn parse_vllm_metrics(text: &str) -> Result<VllmMetrics, ParseError> {
     Ok(VllmMetrics {
         num_requests_running: running.sum(),
         num_requests_waiting: waiting.sum(),
+        num_requests_waiting_by_reason: waiting_by_reason,
         kv_cache_usage: usage.mean(),
         prefix_cache_queries_tokens: queries.sum(),
         prefix_cache_hits_tokens: hits.sum(),

@@ -40,6 +40,8 @@ pub enum ScrapeError {
     NotUtf8 { url: String },
     #[error("{url} did not answer vLLM's {{\"server_load\": N}}: {message}")]
     Load { url: String, message: String },
+    #[error("{url} did not answer OpenAI's model list: {message}")]
+    Models { url: String, message: String },
     #[error("{url}: {source}")]
     Parse {
         url: String,
@@ -91,6 +93,28 @@ impl Scraper {
         serde_json::from_str::<Load>(&text)
             .map(|l| l.server_load)
             .map_err(|e| ScrapeError::Load {
+                url: url.to_string(),
+                message: e.to_string(),
+            })
+    }
+
+    /// Fetches the OpenAI `GET /v1/models` at `url` and returns the largest `max_model_len` it
+    /// names (vLLM reports each served model's context window there), or `None` when it names
+    /// none.
+    pub async fn max_model_len(&self, url: &http::Uri) -> Result<Option<u32>, ScrapeError> {
+        #[derive(serde::Deserialize)]
+        struct Models {
+            data: Vec<Entry>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Entry {
+            #[serde(default)]
+            max_model_len: Option<u32>,
+        }
+        let text = self.fetch(url, "application/json").await?;
+        serde_json::from_str::<Models>(&text)
+            .map(|m| m.data.iter().filter_map(|e| e.max_model_len).max())
+            .map_err(|e| ScrapeError::Models {
                 url: url.to_string(),
                 message: e.to_string(),
             })

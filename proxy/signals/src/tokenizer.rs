@@ -13,8 +13,16 @@
 //! `kinference_sim::kv::hash_block`), written down here so that the proxy does not depend on the
 //! simulator; a test feeds both the same texts and requires the same block hashes. A real
 //! deployment needs the model's own tokenizer and chat template and vLLM's
-//! `--prefix-caching-hash-algo` with a fixed `PYTHONHASHSEED` (vLLM seeds the first block's parent
-//! hash per process otherwise), added here as another named contract.
+//! `--prefix-caching-hash-algo sha256_cbor` (the default `sha256` hashes Python pickles), added
+//! here as another named contract. vLLM 0.32 derives the first block's parent hash from the fixed
+//! seed `"vllm-none-hash"` for sha256 and sha256_cbor unless `PYTHONHASHSEED` is set (a random
+//! seed per process only for the xxhash algorithms): `sha256(cbor((parent digest, block token ids,
+//! extra keys)))`, published as the digest's last eight bytes, reproduces every hash in the
+//! recorded `tests/fixtures/vllm-0.32.0/cbor-details` frames (`scripts/record_vllm_fixtures.py`
+//! checks it while recording). [`vllm_hash`] computes those hashes; a contract pairing them with
+//! the model's own tokenizer is still to come.
+
+pub mod vllm_hash;
 
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 

@@ -3,7 +3,7 @@
 //! a proxy binary (`#[path = "support/client.rs"] mod client;`); each uses part of it.
 #![allow(dead_code)]
 
-use kinference_proxy::local::{self, wait_until};
+use kinference_local::{Proxy, poll::wait_until};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -25,10 +25,31 @@ pub struct ProxyClient {
     pub admin: String,
 }
 
+/// Starts the local stack around the proxy binary `proxy` with `opts` and waits until the proxy
+/// is ready: the stack (everything stops when it is dropped) and a client of its proxy.
+pub async fn start_stack(
+    proxy: &'static str,
+    opts: kinference_local::StackOptions,
+) -> (kinference_local::Stack, ProxyClient) {
+    let stack = tokio::task::spawn_blocking(move || {
+        kinference_local::Stack::start(
+            &kinference_local::Programs::with_proxy(std::path::Path::new(proxy)),
+            &opts,
+            &|_| {},
+        )
+    })
+    .await
+    .unwrap()
+    .expect("the local stack starts");
+    let client = ProxyClient::of(&stack.proxy);
+    client.wait_ready().await;
+    (stack, client)
+}
+
 impl ProxyClient {
     /// A client of `proxy`, each request bounded by a minute (a request that hangs fails the
     /// test rather than the run).
-    pub fn of(proxy: &local::Proxy) -> Self {
+    pub fn of(proxy: &Proxy) -> Self {
         Self {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))

@@ -16,7 +16,7 @@ pub struct Browser {
 
 impl Browser {
     pub async fn start(chromedriver: &Path, chromium: &Path) -> Self {
-        let port = kinference_viz::local::free_port().unwrap();
+        let port = kinference_local::process::free_port().unwrap();
         let driver = Command::new(chromedriver)
             .arg(format!("--port={port}"))
             .stdin(Stdio::null())

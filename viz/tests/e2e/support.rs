@@ -1,86 +1,70 @@
 //! What the end-to-end tests share: tool discovery (skip, or fail under `CI`), the local stack
 //! with Prometheus and viz beside it, and a load generator.
 
-use kinference_proxy::local::{Stack, StackOptions, target_dir};
-use kinference_viz::{api::State, local, policies, prom::Prometheus, server};
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
-
-/// The path of `tool`, or `None` after printing a skip notice; panics under `CI`.
-pub fn tool(path: &str, package: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(path);
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("CI is set and {path} is missing: apt-get install -y {package}");
-    }
-    eprintln!("SKIPPED: {path} is missing (apt-get install -y {package})");
-    None
-}
+use kinference_local::{Programs, Stack, StackOptions, dashboard::Dashboard};
+use kinference_viz::prom::Prometheus;
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 /// The local stack with Prometheus scraping it every second and viz serving over both.
 #[allow(dead_code)] // The processes live as long as the system; not every test reads every field.
 pub struct System {
     pub stack: Stack,
-    pub prometheus: local::PrometheusProc,
+    pub dashboard: Dashboard,
     pub prom: Prometheus,
     pub viz: String,
     pub openai: String,
     pub admin: String,
     /// endpoint `host:port` -> model.
     pub models: BTreeMap<String, String>,
-    _server: tokio::task::JoinHandle<()>,
 }
 
 pub async fn start(prometheus_bin: &std::path::Path) -> System {
     let opts = StackOptions::default();
-    let stack = tokio::task::spawn_blocking(move || {
-        Stack::start(&target_dir().join("kinference-proxy"), &opts, &|_| {})
-    })
-    .await
-    .unwrap()
-    .expect("the local stack starts");
+    let stack =
+        tokio::task::spawn_blocking(move || Stack::start(&Programs::workspace(), &opts, &|_| {}))
+            .await
+            .unwrap()
+            .expect("the local stack starts");
     let ready = format!("http://{}/ready", stack.proxy.admin);
     eventually("the proxy is ready", Duration::from_secs(15), || async {
         let r = reqwest::get(&ready).await.ok()?;
         (r.status() == 200).then_some(())
     })
     .await;
-    let listener = local::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let viz_addr = listener.local_addr().unwrap();
-    let sims: Vec<String> = stack.sims.iter().map(|s| s.addr.to_string()).collect();
-    let config = local::prometheus_config(
-        &[stack.proxy.admin.to_string()],
-        &sims,
-        Some(&viz_addr.to_string()),
-        1,
-    );
-    let prometheus = local::PrometheusProc::start(prometheus_bin, &config, Duration::from_secs(30))
+    let dashboard = Dashboard::start(&stack, prometheus_bin, "127.0.0.1:0".parse().unwrap())
         .await
-        .expect("Prometheus starts");
+        .expect("Prometheus and viz start");
     let admin = format!("http://{}", stack.proxy.admin);
-    let state = State {
-        prometheus: Prometheus::new(&prometheus.url, Duration::from_secs(10)),
-        proxies: vec![admin.clone()],
-        proxy_job: None,
-        policies: policies::Source::Manifests(stack.manifests.path().to_path_buf()),
-        http: reqwest::Client::new(),
-    };
-    let server = tokio::spawn(server::serve(listener, state));
+    // Prometheus being ready is not Prometheus having scraped: a replica whose every request
+    // falls before its first scrape shows a flat counter, and a rate over it is empty. Load
+    // starts only once every replica and the proxy have a successful scrape on record.
+    let prom = Prometheus::new(&dashboard.prometheus.url, Duration::from_secs(10));
+    let targets = stack.sims.len() + 1;
+    eventually(
+        "Prometheus has scraped the proxy and every replica",
+        Duration::from_secs(30),
+        || async {
+            let up = prom
+                .query("up{job=~\"vllm|kinference-proxy\"} == 1")
+                .await
+                .ok()?;
+            (up.len() == targets).then_some(())
+        },
+    )
+    .await;
     let models = stack
         .sims
         .iter()
         .map(|s| (s.addr.to_string(), s.model.clone()))
         .collect();
     System {
-        prom: Prometheus::new(&prometheus.url, Duration::from_secs(10)),
+        prom,
         openai: format!("http://{}/v1", stack.proxy.listen),
-        viz: format!("http://{viz_addr}"),
+        viz: format!("http://{}", dashboard.addr),
         admin,
-        prometheus,
+        dashboard,
         stack,
         models,
-        _server: server,
     }
 }
 

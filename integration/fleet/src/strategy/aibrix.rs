@@ -12,6 +12,10 @@
 //!
 //! Approximation: 128 characters are 32 tokens at this tokenizer's ~4 characters a token, so blocks
 //! are 32 tokens; the 200,000-block bound applies per pod.
+//!
+//! One gateway plugin by default; its HA set-up (`--peer-instances N`) runs N gateway replicas,
+//! each with its own in-process prefix index and request counts (we found no replica sync of
+//! either documented).
 
 use kinference_sim::SimTime;
 use rand_chacha::ChaCha8Rng;

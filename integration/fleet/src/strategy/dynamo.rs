@@ -7,14 +7,20 @@
 //! `decode_blocks` the KV blocks of the router's active sequences there, this one included. Cache
 //! overlap comes from vLLM's KV events (`--kv-events`, the default). Defaults:
 //! `overlap_score_weight` 1.0, `router_temperature` 0 (the lowest cost wins, ties at random),
-//! replica sync off (each router instance knows only its own active sequences).
+//! one router by default. Its HA set-up (`--peer-instances N`) runs N routers with
+//! `--router-replica-sync` (`docs/components/router/router-operations.md`): each publishes its
+//! active-sequence lifecycle (assigned, prefill done, freed) over NATS core and every other
+//! replica adds it to its own active-load view, after the event plane's delay. The current cost
+//! (`docs/components/router/router-concepts.md`, "Cost Calculation": `prefill_load_scale ×
+//! max(active prefill + incoming prompt blocks − overlap credit, 0) + decode blocks`, scale 1,
+//! credit 1) is this one.
 
 use std::collections::HashMap;
 
 use kinference_sim::{KvEvent, SimTime};
 use rand_chacha::ChaCha8Rng;
 
-use super::{KvIndex, Pick, Req, Router, argmin_random, chained_block_hashes};
+use super::{KvIndex, PeerEvent, Pick, Req, Router, argmin_random, chained_block_hashes};
 use crate::{fleet::ReplicaInfo, sidecar::View};
 
 pub const OVERLAP_SCORE_WEIGHT: f64 = 1.0;
@@ -128,5 +134,32 @@ impl Router for DynamoKv {
 
     fn on_kv_events(&mut self, replica: usize, events: &[KvEvent], _now: SimTime) {
         self.index.apply(replica, events);
+    }
+
+    fn on_peer(&mut self, event: &PeerEvent, now: SimTime) {
+        match event {
+            PeerEvent::Dispatch {
+                id,
+                replica,
+                prompt,
+            } => {
+                // The peer's sequence, with the overlap this replica's own index gives it.
+                let bs = self.block_tokens[*replica];
+                let blocks = (prompt.len() as f64 / f64::from(bs)).ceil();
+                let hashes = chained_block_hashes(prompt, bs, usize::MAX);
+                let overlap = self.index.leading_matches(*replica, &hashes) as f64;
+                let a = Active {
+                    replica: *replica,
+                    prefill_blocks: (blocks - overlap).max(0.0),
+                    blocks,
+                    prefilling: true,
+                };
+                self.prefill_blocks[a.replica] += a.prefill_blocks;
+                self.decode_blocks[a.replica] += a.blocks;
+                self.active.insert(*id, a);
+            }
+            PeerEvent::FirstToken { id, replica } => self.on_first_token(*id, *replica, now),
+            PeerEvent::Complete { id, replica } => self.on_complete(*id, *replica, 0, now),
+        }
     }
 }

@@ -13,6 +13,10 @@
 //!   the block hashes this picker itself sent to each server.
 //!
 //! The max-score picker takes the highest weighted sum, ties at random.
+//!
+//! Deployed as the Inference Extension is: one endpoint picker that sees every request. Its
+//! chart's HA set-up (`replicas > 1`) is active-passive by leader election, so the HA row serves
+//! from one picker too (see `StrategyKind::serving_instances`).
 
 use kinference_sim::SimTime;
 use rand_chacha::ChaCha8Rng;
@@ -43,11 +47,12 @@ impl GieDefault {
     }
 }
 
-/// The queue scorer over `candidates`.
+/// The queue scorer over `candidates`, on the freshest queue the picker reads ([`View::queue`]:
+/// the scraped waiting queue, or `GET /load` less the running batch where the picker reads it).
 pub fn queue_scores(candidates: &[usize], view: &View<'_>) -> Vec<f64> {
     let q: Vec<f64> = candidates
         .iter()
-        .map(|&r| f64::from(view.waiting(r)))
+        .map(|&r| f64::from(view.queue(r)))
         .collect();
     let max = q.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let min = q.iter().copied().fold(f64::INFINITY, f64::min);

@@ -1,6 +1,9 @@
 //! Kinference: the proxy's own routing core (`kinference-routing`), driven in virtual time.
 //!
-//! Exactly the code the sidecar runs: per endpoint, TTFT = wait (prefill-bound or KV-capacity-bound,
+//! Exactly the code the sidecar runs: the whole decision (`kinference_decision::decide`: the
+//! policy's rules over the request's tags, the router's prediction and pick, and the plan's mode,
+//! failure mode and attempt order), over a policy built from the fleet's pools as a platform team
+//! would write it. Per endpoint, TTFT = wait (prefill-bound or KV-capacity-bound,
 //! the wait corrected by a peak-EWMA of observed/predicted wait) + prefill of the uncached part +
 //! overhead; the lowest predicted TTFT plus the delay the request would add to the requests queued
 //! behind it wins, within a tie window (see `docs/ttft-model.md`); the prefix overlap comes from vLLM KV events
@@ -13,6 +16,11 @@
 
 use std::collections::HashMap;
 
+use kinference_classify::{ClassifierId, Tag, Tags};
+use kinference_decision::{
+    DEFAULT_SERVICE_CLASS, Input, Model, Objective, Policy, Price, ServiceClass, Workload,
+    policy::{Action, Rule, TagMatch},
+};
 use kinference_routing::{
     self as routing, DispatchHandle, EndpointId, EndpointMeta, ModelName, ModelPrior, PromptBlocks,
     RouterConfig, Scrape, Time,
@@ -21,9 +29,10 @@ use kinference_routing::{
 use kinference_sim::{KvEvent, SimTime};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
+use std::time::Duration;
 
 use super::{Pick, Req, Router, chained_block_hashes};
-use crate::{fleet::ReplicaInfo, sidecar::View};
+use crate::{fleet::ReplicaInfo, priors::PriorFactors, sidecar::View};
 
 /// vLLM-space block hashes of one prompt: the fleet knows the tokens, as a proxy with the model's
 /// tokenizer would.
@@ -48,16 +57,17 @@ fn prompt_blocks(prompt: &[u32], config: &routing::ApproxConfig) -> PromptBlocks
     PromptBlocks::from_text(&bytes, config)
 }
 
-/// The prior a platform team would publish for a model, from its profile.
-pub fn prior_of(info: &ReplicaInfo) -> ModelPrior {
+/// The prior a platform team would publish for a model: its profile's constants, off by
+/// `factors` (see `crate::priors`; the engine's own constants only with `PriorFactors::TRUE`).
+pub fn prior_of(info: &ReplicaInfo, factors: &PriorFactors) -> ModelPrior {
     let c = &info.profile.cost;
     ModelPrior {
-        prefill_tokens_per_second: 1.0 / c.prefill_token_s,
-        time_per_output_token_s: c.step_overhead_s,
-        decode_step_per_seq_s: c.decode_seq_s,
+        prefill_tokens_per_second: factors.prefill_rate / c.prefill_token_s,
+        time_per_output_token_s: factors.decode_step * c.step_overhead_s,
+        decode_step_per_seq_s: factors.decode_per_seq * c.decode_seq_s,
         max_num_batched_tokens: info.max_num_batched_tokens,
         overhead_s: 0.0,
-        prefill_attention_pair_s: c.prefill_attention_pair_s,
+        prefill_attention_pair_s: factors.attention_pair * c.prefill_attention_pair_s,
     }
 }
 
@@ -65,27 +75,131 @@ fn time(t: SimTime) -> Time {
     Time::from_since_epoch(t)
 }
 
+/// Which policy a Kinference strategy routes under.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum PolicyVariant {
+    /// The seed's rule (a `complexity=low` prompt may be served by any pool's model), LowestTTFT.
+    Widening,
+    /// No widening rule: every request stays on the requested model's pool.
+    RequestedOnly,
+    /// The seed's rule, and the objective `CheapestWithinSLO` with this `Standard` SLO.
+    CheapestWithinSlo { slo: Duration },
+}
+
+/// The policy of the fleet's pools: every model with its prior (off by `priors`) and price, and
+/// the seed's rule: a prompt tagged `complexity=low` may be served by any pool's model.
+pub fn policy_of(replicas: &[ReplicaInfo], priors: &PriorFactors) -> Policy {
+    policy_variant(replicas, PolicyVariant::Widening, priors)
+}
+
+/// [`policy_of`] under `variant`.
+pub fn policy_variant(
+    replicas: &[ReplicaInfo],
+    variant: PolicyVariant,
+    priors: &PriorFactors,
+) -> Policy {
+    let mut models: Vec<Model> = Vec::new();
+    for info in replicas {
+        if models.iter().any(|m| m.name == info.model) {
+            continue;
+        }
+        models.push(Model {
+            name: info.model.clone(),
+            served_name: info.model.clone(),
+            destination_path: format!("pool-{}", info.pool),
+            pool: format!("pool-{}", info.pool),
+            prior: prior_of(info, priors),
+            price: info.price.map_or_else(Price::default, |p| Price {
+                prompt_per_million_tokens: p.prompt_per_million,
+                cached_prompt_per_million_tokens: p.cached_per_million,
+                completion_per_million_tokens: p.completion_per_million,
+            }),
+            kv_events: None,
+        });
+    }
+    let all: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
+    let mut policy = Policy {
+        revision: "fleet".into(),
+        models,
+        rules: vec![Rule {
+            name: "low-complexity-may-use-any-pool".into(),
+            models: vec![],
+            tags: vec![TagMatch {
+                name: "complexity".into(),
+                values: vec!["low".into()],
+                min_confidence: 0.5,
+            }],
+            workloads: vec![],
+            action: Action {
+                add_models: all,
+                ..Action::default()
+            },
+            guard: None,
+        }],
+        ..Policy::default()
+    };
+    match variant {
+        PolicyVariant::Widening => {}
+        PolicyVariant::RequestedOnly => policy.rules.clear(),
+        PolicyVariant::CheapestWithinSlo { slo } => {
+            policy.balancer.objective = Objective::CheapestWithinSlo;
+            policy.service_classes = vec![ServiceClass {
+                name: DEFAULT_SERVICE_CLASS.into(),
+                ttft_slo: Some(slo),
+                max_queue_time: None,
+                reserved_share: 0.0,
+            }];
+        }
+    }
+    policy
+}
+
+/// The tags the workload gives a request: its complexity, as a classifier that knows would.
+fn tags_of(req: &Req<'_>) -> Tags {
+    let mut tags = Tags::new();
+    tags.insert(Tag {
+        name: "complexity".into(),
+        value: if req.low_complexity { "low" } else { "high" }.into(),
+        confidence: 1.0,
+        source: ClassifierId::Rules,
+    });
+    tags
+}
+
 #[derive(Debug)]
 pub struct Kinference {
+    policy: Policy,
+    workload: Workload,
     router: routing::Router,
     ids: Vec<EndpointId>,
     models: Vec<ModelName>,
     pools: Vec<usize>,
     by_id: HashMap<EndpointId, usize>,
     handles: HashMap<u64, DispatchHandle>,
-    /// The decision for the request being picked, kept for `on_dispatch`.
-    last: Option<(u64, routing::Decision, PromptBlocks)>,
+    /// The plan for the request being picked, kept for `on_dispatch`.
+    last: Option<(u64, kinference_decision::Plan, PromptBlocks)>,
 }
 
 impl Kinference {
-    pub fn new(replicas: &[ReplicaInfo], config: RouterConfig) -> Self {
+    /// Kinference under the fleet's policy (the widening rule, LowestTTFT).
+    pub fn new(replicas: &[ReplicaInfo], config: RouterConfig, priors: PriorFactors) -> Self {
+        Self::with_policy(replicas, config, PolicyVariant::Widening, priors)
+    }
+
+    /// Kinference under `variant` of the fleet's policy.
+    pub fn with_policy(
+        replicas: &[ReplicaInfo],
+        config: RouterConfig,
+        variant: PolicyVariant,
+        priors: PriorFactors,
+    ) -> Self {
         let mut router = routing::Router::new(config);
         let mut ids = Vec::new();
         let mut models = Vec::new();
         let mut by_id = HashMap::new();
         for (i, info) in replicas.iter().enumerate() {
             let model = ModelName::from(info.model.as_str());
-            router.set_model_prior(model.clone(), prior_of(info));
+            router.set_model_prior(model.clone(), prior_of(info, &priors));
             let id = EndpointId::from(format!("replica-{i}"));
             let mut meta = EndpointMeta::new(id.clone(), model.clone());
             meta.kv_events = true;
@@ -98,6 +212,8 @@ impl Kinference {
         }
         let pools = replicas.iter().map(|r| r.pool).collect();
         Self {
+            policy: policy_variant(replicas, variant, &priors),
+            workload: Workload::default(),
             router,
             ids,
             models,
@@ -121,44 +237,57 @@ impl Router for Kinference {
             || self.models[candidates[0]].clone(),
             |r| self.models[r].clone(),
         );
-        let mut candidate_models: Vec<ModelName> = Vec::new();
-        for &r in candidates {
-            if !candidate_models.contains(&self.models[r]) {
-                candidate_models.push(self.models[r].clone());
-            }
-        }
         let blocks = prompt_blocks(req.prompt, &self.router.config().approx);
         let hasher = TokenHasher { prompt: req.prompt };
-        let request = routing::Request {
-            requested_model: &requested,
-            candidate_models: &candidate_models,
+        let tags = tags_of(req);
+        let input = Input {
+            requested: requested.as_str(),
+            tags: &tags,
+            workload: &self.workload,
             prompt_tokens: u32::try_from(req.prompt.len()).unwrap_or(u32::MAX),
             max_tokens: None,
-            lora_adapter: None,
             prompt_blocks: &blocks,
             block_hasher: Some(&hasher),
+            // The sidecar's default: one attempt and two retries.
+            max_attempts: 3,
         };
-        let decision = self.router.decide(&request, time(view.now), rng);
-        let chosen = decision
-            .chosen_endpoint()
-            .and_then(|id| self.by_id.get(id).copied());
-        let pick = match chosen {
-            Some(replica) => Pick {
+        let plan =
+            kinference_decision::decide(&self.policy, &self.router, &input, time(view.now), rng);
+        let first = plan.as_ref().ok().and_then(|p| {
+            let c = p.attempt(0)?;
+            Some((self.by_id.get(&c.endpoint).copied()?, c))
+        });
+        let pick = match first {
+            Some((replica, c)) => Pick {
                 replica,
-                predicted_ttft_s: decision.predicted_ttft_s(),
-                prediction: decision.chosen().map(|c| Box::new(c.prediction.clone())),
+                predicted_ttft_s: Some(c.prediction.dated.predicted_ttft_s),
+                prediction: Some(Box::new(c.prediction.clone())),
             },
-            // The core found nothing to choose (cannot happen with ready candidates): spread at
-            // random rather than drop the request.
+            // The decision found nothing to send to (cannot happen with ready candidates and
+            // the fleet's fail-open policy): spread at random rather than drop the request.
             None => Pick::to(candidates[rng.random_range(0..candidates.len())]),
         };
-        self.last = Some((req.id, decision, blocks));
+        if let Ok(plan) = plan {
+            self.last = Some((req.id, plan, blocks));
+        }
         pick
     }
 
-    fn on_dispatch(&mut self, req: &Req<'_>, _replica: usize, now: SimTime) {
-        if let Some((id, decision, blocks)) = self.last.take()
-            && id == req.id
+    fn on_dispatch(&mut self, req: &Req<'_>, replica: usize, now: SimTime) {
+        let Some((id, plan, blocks)) = self.last.take() else {
+            return;
+        };
+        // The attempt that went to `replica` (the plan's first, unless the engine refused it).
+        let Some(&index) = plan
+            .order
+            .iter()
+            .find(|&&i| self.by_id.get(&plan.decision.candidates[i].endpoint) == Some(&replica))
+        else {
+            return;
+        };
+        let mut decision = plan.decision;
+        decision.chosen = Some(index);
+        if id == req.id
             && let Ok(h) = self.router.dispatch(&decision, &blocks, time(now))
         {
             self.handles.insert(req.id, h);

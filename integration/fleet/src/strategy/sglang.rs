@@ -13,11 +13,19 @@
 //! match rate differs by less than one block), and the 2^26-character bound becomes 2^20 blocks of
 //! 16 tokens at ~4 characters a token, evicted least-recently-used on insert rather than every
 //! 120 s (no run here comes near the bound).
+//!
+//! One gateway by default. Its HA set-up (`--peer-instances N`) is SMG's mesh
+//! (lightseekorg/smg `docs/concepts/architecture/high-availability.md`: `--enable-mesh`, state
+//! exchanged by SWIM gossip at a 1 s interval, cache-aware routing trees among the replicated
+//! state): each gateway's tree insertions reach the others a gossip interval later; the load
+//! counts stay each gateway's own.
 
 use kinference_sim::SimTime;
 use rand_chacha::ChaCha8Rng;
 
-use super::{LruSet, Pick, Req, Router, argmax_random, argmin_random, chained_block_hashes};
+use super::{
+    LruSet, PeerEvent, Pick, Req, Router, argmax_random, argmin_random, chained_block_hashes,
+};
 use crate::sidecar::View;
 
 pub const CACHE_THRESHOLD: f64 = 0.3;
@@ -86,4 +94,15 @@ impl Router for SglangCacheAware {
     }
 
     fn on_dispatch(&mut self, _req: &Req<'_>, _replica: usize, _now: SimTime) {}
+
+    fn on_peer(&mut self, event: &PeerEvent, _now: SimTime) {
+        if let PeerEvent::Dispatch {
+            replica, prompt, ..
+        } = event
+        {
+            for h in chained_block_hashes(prompt, BLOCK_TOKENS, usize::MAX) {
+                self.trees[*replica].touch(h);
+            }
+        }
+    }
 }

@@ -5,6 +5,7 @@
 //! load balancing counts; this workload shows whether a strategy costs anything when caching
 //! cannot help. Each request gets unique random tokens (seeded by its row), and a window of the
 //! trace is replayed with its timestamps scaled to the offered load, on `qwen-3.6-27b` endpoints.
+//! Each seed replays its own window (`super::window_start`).
 
 use std::{path::Path, sync::Arc};
 
@@ -29,7 +30,14 @@ fn parse_timestamp_s(s: &str) -> Option<f64> {
     Some(day * 86_400.0 + h * 3_600.0 + m * 60.0 + sec)
 }
 
-pub fn build(dir: &Path, load_rps: f64, size: Size, seed: u64) -> Result<Workload, WorkloadError> {
+/// `window` picks the rows (a seed number), `seed` the token contents.
+pub fn build(
+    dir: &Path,
+    load_rps: f64,
+    size: Size,
+    window: u64,
+    seed: u64,
+) -> Result<Workload, WorkloadError> {
     let path = dir.join(FILE);
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(&path).map_err(|source| WorkloadError::Io {
@@ -37,7 +45,19 @@ pub fn build(dir: &Path, load_rps: f64, size: Size, seed: u64) -> Result<Workloa
         source,
     })?;
     let mut rows: Vec<(f64, usize, u32)> = Vec::new();
-    for (i, line) in text.lines().enumerate().skip(1) {
+    let total = text
+        .lines()
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .count();
+    let start = super::window_start(window, total, size.requests);
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .skip(1)
+        .filter(|(_, l)| !l.trim().is_empty())
+        .skip(start)
+    {
         if rows.len() == size.requests {
             break;
         }
@@ -118,6 +138,7 @@ mod tests {
                 requests: 100,
                 shrink: 1,
             },
+            1,
             3,
         )
         .unwrap();
@@ -144,6 +165,7 @@ mod tests {
                     requests: 1,
                     shrink: 1
                 },
+                1,
                 0
             ),
             Err(WorkloadError::Parse { line: 2, .. })

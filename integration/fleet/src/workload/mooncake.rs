@@ -5,7 +5,9 @@
 //! its blocks in order cut to `input_length`, so two requests that share leading ids share exactly
 //! that token prefix. A window of the trace is replayed with its timestamps scaled to the offered
 //! load. The prompts (15k tokens on average, up to 66k) need the big model's context window, so the
-//! fleet is `glm-5.3` (TP=8 nodes).
+//! fleet is `glm-5.3` (TP=8 nodes). Each seed replays its own window of the trace
+//! (`super::window_start`) and its own block contents (the tokens of a `hash_id` depend on the
+//! seed), so the prefix structure is the trace's and the tokens are the seed's.
 
 use std::{collections::HashMap, path::Path, sync::Arc};
 
@@ -25,33 +27,37 @@ struct Row {
     hash_ids: Vec<u64>,
 }
 
-/// The tokens of block `id`: a deterministic function of the id alone.
-pub fn block_tokens(id: u64) -> Vec<u32> {
+/// The tokens of block `id` under `seed`: a deterministic function of the two.
+pub fn block_tokens(id: u64, seed: u64) -> Vec<u32> {
     let span = u64::from(kinference_sim::tokenizer::ENDOFTEXT_ID - 1);
+    let key = (id ^ 0x6d6f_6f6e) ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     (0..BLOCK_TOKENS as u64)
-        .map(|i| {
-            1 + (xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), id ^ 0x6d6f_6f6e) % span)
-                as u32
-        })
+        .map(|i| 1 + (xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), key) % span) as u32)
         .collect()
 }
 
-pub fn build(dir: &Path, load_rps: f64, size: Size, _seed: u64) -> Result<Workload, WorkloadError> {
+/// `window` picks the rows (a seed number), `seed` the token contents.
+pub fn build(
+    dir: &Path,
+    load_rps: f64,
+    size: Size,
+    window: u64,
+    seed: u64,
+) -> Result<Workload, WorkloadError> {
     let path = dir.join(FILE);
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(&path).map_err(|source| WorkloadError::Io {
         path: shown.clone(),
         source,
     })?;
+    let lines = || {
+        text.lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+    };
+    let start = super::window_start(window, lines().count(), size.requests);
     let mut rows = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        if rows.len() == size.requests {
-            break;
-        }
+    for (i, line) in lines().skip(start).take(size.requests) {
         let row: Row = serde_json::from_str(line).map_err(|e| WorkloadError::Parse {
             path: shown.clone(),
             line: i + 1,
@@ -77,7 +83,7 @@ pub fn build(dir: &Path, load_rps: f64, size: Size, _seed: u64) -> Result<Worklo
                 if prompt.len() >= row.input_length {
                     break;
                 }
-                let block = blocks.entry(*id).or_insert_with(|| block_tokens(*id));
+                let block = blocks.entry(*id).or_insert_with(|| block_tokens(*id, seed));
                 let take = (row.input_length - prompt.len()).min(BLOCK_TOKENS);
                 prompt.extend_from_slice(&block[..take]);
             }
@@ -119,6 +125,7 @@ mod tests {
                 requests: 10,
                 shrink: 1,
             },
+            1,
             0,
         )
         .unwrap();
@@ -126,7 +133,21 @@ mod tests {
         assert_eq!((a.prompt.len(), b.prompt.len()), (1100, 700));
         assert_eq!(a.prompt[..512], b.prompt[..512]);
         assert_ne!(a.prompt[512..700], b.prompt[512..700]);
-        assert_eq!(a.prompt[..512], block_tokens(0)[..]);
+        assert_eq!(a.prompt[..512], block_tokens(0, 0)[..]);
+        assert_ne!(block_tokens(0, 0), block_tokens(0, 1));
+        // Another window: seed 2 of a one-row window starts one row in.
+        let w2 = build(
+            dir.path(),
+            4.0,
+            Size {
+                requests: 1,
+                shrink: 1,
+            },
+            2,
+            0,
+        )
+        .unwrap();
+        assert_eq!(w2.requests[0].prompt.len(), 700);
         // Two requests one second apart form a 2 req/s window; at 4 req/s the gap halves.
         assert!((b.at_s - 0.5).abs() < 1e-9, "{}", b.at_s);
         assert_eq!(b.output_tokens, 1);
@@ -138,6 +159,7 @@ mod tests {
                     requests: 1,
                     shrink: 1
                 },
+                1,
                 0
             )
             .is_err()

@@ -1,92 +1,36 @@
 //! The benchmark's child processes and what `/proc` says about them.
 //!
 //! The driver starts the upstream, the controller, the proxy and nginx as separate processes, as
-//! they run in production, and reads their resident memory (`VmRSS`, `VmHWM`) and CPU time from
-//! `/proc`, so memory and CPU are the processes' own, not estimates.
+//! they run in production (with the harness the local stack uses, `kinference_local::process`),
+//! and reads their resident memory (`VmRSS`, `VmHWM`) and CPU time from `/proc`, so memory and
+//! CPU are the processes' own, not estimates.
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
+pub use kinference_local::process::{Proc, addr_field};
+use kinference_local::process::{Stat, children};
 use std::{
     fs::File,
-    io::{BufRead as _, BufReader},
-    net::SocketAddr,
     path::Path,
-    process::{Child, Command, Stdio},
-    sync::mpsc,
-    time::{Duration, Instant},
+    process::{Command, Stdio},
+    time::Duration,
 };
 
-/// A child process, killed when dropped. Its stdout is read by a thread (so it never blocks on a
-/// full pipe); its stderr goes to a log file.
-#[derive(Debug)]
-pub struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Proc {
-    /// Starts `cmd`, logging stderr to `log`, and waits for a stdout line starting with `prefix`.
-    pub fn spawn(
-        name: &str,
-        mut cmd: Command,
-        log: &Path,
-        prefix: &str,
-        timeout: Duration,
-    ) -> anyhow::Result<(Self, String)> {
-        let log = File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log));
-        let mut child = cmd.spawn().with_context(|| format!("starting {name}"))?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                // Lines after the first are not needed, but the pipe must keep draining.
-                let _ = tx.send(line);
-            }
-        });
-        let mut proc = Self { child, lines };
-        if prefix.is_empty() {
-            return Ok((proc, String::new()));
-        }
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match proc.lines.recv_timeout(left) {
-                Ok(line) if line.starts_with(prefix) => return Ok((proc, line)),
-                Ok(_) => continue,
-                Err(_) => {
-                    proc.kill();
-                    bail!("{name} printed no {prefix:?} line within {timeout:?}");
-                }
-            }
-        }
+/// Starts `cmd` with its stderr logged to `log`, and waits up to `timeout` for a stdout line
+/// starting with `prefix` (not at all when `prefix` is empty).
+pub fn spawn(
+    name: &str,
+    cmd: Command,
+    log: &Path,
+    prefix: &str,
+    timeout: Duration,
+) -> anyhow::Result<(Proc, String)> {
+    let log = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let mut proc = Proc::start(name, cmd, Stdio::from(log))?;
+    if prefix.is_empty() {
+        return Ok((proc, String::new()));
     }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Reads `key=ADDR` from a line such as `kinference-proxy listen=127.0.0.1:1 admin=127.0.0.1:2`.
-pub fn addr_field(line: &str, key: &str) -> anyhow::Result<SocketAddr> {
-    let prefix = format!("{key}=");
-    line.split_whitespace()
-        .find_map(|f| f.strip_prefix(prefix.as_str()))
-        .with_context(|| format!("no {key}= in {line:?}"))?
-        .parse()
-        .with_context(|| format!("bad {key} address in {line:?}"))
+    let line = proc.wait_for_line(prefix, timeout)?;
+    Ok((proc, line))
 }
 
 /// Resident memory of a process, in KiB.
@@ -121,46 +65,15 @@ fn parse_status(status: &str) -> Memory {
 
 /// User plus system CPU time of `pid`, in clock ticks.
 pub fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat"))?;
-    parse_stat(&stat)
+    Stat::of(pid)
         .map(|s| s.utime + s.stime)
         .with_context(|| format!("unreadable /proc/{pid}/stat"))
-}
-
-#[derive(Debug, PartialEq)]
-struct Stat {
-    ppid: u32,
-    utime: u64,
-    stime: u64,
-}
-
-fn parse_stat(stat: &str) -> Option<Stat> {
-    // The command name is in parentheses and may hold spaces: fields start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // f[0] is field 3 (state): ppid is field 4, utime 14, stime 15.
-    Some(Stat {
-        ppid: f.get(1)?.parse().ok()?,
-        utime: f.get(11)?.parse().ok()?,
-        stime: f.get(12)?.parse().ok()?,
-    })
 }
 
 /// `pid` and its direct children (nginx's master and workers).
 pub fn with_children(pid: u32) -> Vec<u32> {
     let mut pids = vec![pid];
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.flatten() {
-            let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-            if parse_stat(&stat).is_some_and(|s| s.ppid == pid) {
-                pids.push(p);
-            }
-        }
-    }
+    pids.extend(children(pid));
     pids
 }
 
@@ -191,15 +104,8 @@ mod tests {
             }
         );
         let s =
-            parse_stat("42 (a b) c) S 7 42 42 0 -1 4194560 100 0 0 0 31 9 0 0 20 0 3 0").unwrap();
-        assert_eq!(
-            s,
-            Stat {
-                ppid: 7,
-                utime: 31,
-                stime: 9
-            }
-        );
+            Stat::parse("42 (a b) c) S 7 42 42 0 -1 4194560 100 0 0 0 31 9 0 0 20 0 3 0").unwrap();
+        assert_eq!((s.ppid, s.utime, s.stime), (7, 31, 9));
     }
 
     #[test]

@@ -6,100 +6,23 @@
 //! plain reverse proxy as people run it in front of model servers: keep-alive upstream
 //! connections and no buffering, so SSE passes through as it is written.
 
-use anyhow::Context as _;
-use serde_yaml::Value;
+use kinference_local::manifests::{self, Rewrite};
 use std::{collections::BTreeMap, net::SocketAddr, path::Path};
-
-fn model_label(doc: &Value) -> Option<String> {
-    doc.get("metadata")?
-        .get("labels")?
-        .get("kinference.io/model")?
-        .as_str()
-        .map(str::to_string)
-}
 
 /// Copies the YAML manifests of `src` into `dst`, with one EndpointSlice on loopback per port of
 /// `ports[model]` (the model's first slice is the template), and each InferencePool's
-/// `targetPorts` set to its model's ports. Fails when a model of the examples has no port, so a
-/// benchmark never runs half-configured.
+/// `targetPorts` set to its model's ports: the local stack's rewrite, which fails when a model of
+/// the examples has no port, so a benchmark never runs half-configured.
 pub fn write_manifests(
     src: &Path,
     dst: &Path,
     ports: &BTreeMap<String, Vec<u16>>,
 ) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
-        let path = entry?.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        if !(name.ends_with(".yaml") || name.ends_with(".yml")) {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let mut out = String::new();
-        let mut sliced: Vec<String> = Vec::new();
-        for de in serde_yaml::Deserializer::from_str(&text) {
-            let mut doc: Value = serde::Deserialize::deserialize(de)
-                .with_context(|| format!("parsing {}", path.display()))?;
-            if doc.is_null() {
-                continue;
-            }
-            match doc.get("kind").and_then(Value::as_str) {
-                Some("EndpointSlice") => {
-                    let Some(model) = model_label(&doc) else {
-                        continue;
-                    };
-                    if sliced.contains(&model) {
-                        continue;
-                    }
-                    for (i, port) in ports_of(ports, &model)?.iter().enumerate() {
-                        let mut slice = doc.clone();
-                        let pod = format!("vllm-{}-{i}", model.replace('.', "-"));
-                        slice["metadata"]["name"] = Value::from(pod.clone());
-                        slice["ports"][0]["port"] = Value::from(u64::from(*port));
-                        slice["endpoints"][0]["addresses"] =
-                            Value::Sequence(vec![Value::from("127.0.0.1")]);
-                        slice["endpoints"][0]["targetRef"]["name"] = Value::from(pod);
-                        out.push_str("---\n");
-                        out.push_str(&serde_yaml::to_string(&slice)?);
-                    }
-                    sliced.push(model);
-                    continue;
-                }
-                Some("InferencePool") => {
-                    let model = doc["spec"]["selector"]["matchLabels"]["kinference.io/model"]
-                        .as_str()
-                        .map(str::to_string)
-                        .context("an InferencePool without a kinference.io/model selector")?;
-                    doc["spec"]["targetPorts"] = Value::Sequence(
-                        ports_of(ports, &model)?
-                            .iter()
-                            .map(|p| {
-                                let mut m = serde_yaml::Mapping::new();
-                                m.insert("number".into(), Value::from(u64::from(*p)));
-                                Value::Mapping(m)
-                            })
-                            .collect(),
-                    );
-                }
-                _ => {}
-            }
-            out.push_str("---\n");
-            out.push_str(&serde_yaml::to_string(&doc)?);
-        }
-        std::fs::write(dst.join(name), out)
-            .with_context(|| format!("writing {}", dst.join(name).display()))?;
-    }
-    Ok(())
-}
-
-fn ports_of<'a>(ports: &'a BTreeMap<String, Vec<u16>>, model: &str) -> anyhow::Result<&'a [u16]> {
-    ports
-        .get(model)
-        .filter(|p| !p.is_empty())
-        .map(Vec::as_slice)
-        .with_context(|| format!("no upstream port for model {model}"))
+    let how = Rewrite {
+        every_model: true,
+        ..Rewrite::default()
+    };
+    manifests::rewrite(src, dst, ports, how, &|_| {})
 }
 
 /// nginx's configuration: listen on `listen`, proxy everything to `upstream` over keep-alive
@@ -137,6 +60,15 @@ pub fn nginx_conf(prefix: &Path, listen: SocketAddr, upstream: SocketAddr) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_yaml::Value;
+
+    fn model_label(doc: &Value) -> Option<String> {
+        doc.get("metadata")?
+            .get("labels")?
+            .get("kinference.io/model")?
+            .as_str()
+            .map(str::to_string)
+    }
 
     #[test]
     fn manifests_point_at_the_upstream() {

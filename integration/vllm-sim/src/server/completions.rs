@@ -177,7 +177,7 @@ async fn collect(
     mut events: mpsc::UnboundedReceiver<EngineEvent>,
 ) -> Result<Response<Body>, Cut> {
     let rid = ResponseId::new(job.endpoint, guard.id(), &job.model);
-    let mut text = String::new();
+    let mut text = job.answer_prefix.clone();
     let mut tokens = 0u32;
     loop {
         let Some(event) = events.recv().await else {
@@ -207,6 +207,7 @@ async fn collect(
                 prompt_tokens,
                 completion_tokens,
                 cached_tokens,
+                prompt_tokens_details: job.prompt_tokens_details,
             };
             tracing::info!(
                 request = guard.id(),
@@ -297,7 +298,13 @@ async fn write_stream(
         };
         if let Some(index) = token_index(&event) {
             tokens += 1;
-            let text = piece(&guard, index);
+            let prefixed;
+            let text = if tokens == 1 && !job.answer_prefix.is_empty() {
+                prefixed = format!("{}{}", job.answer_prefix, piece(&guard, index));
+                prefixed.as_str()
+            } else {
+                piece(&guard, index)
+            };
             let last = tokens >= job.max_tokens;
             let chunk = openai::chunk(
                 job.endpoint,
@@ -337,6 +344,7 @@ async fn write_stream(
                     prompt_tokens,
                     completion_tokens,
                     cached_tokens,
+                    prompt_tokens_details: job.prompt_tokens_details,
                 };
                 let chunk = openai::usage_chunk(job.endpoint, &rid, usage);
                 if !send(openai::sse(&chunk)).await {

@@ -18,6 +18,7 @@ EXPECTED_FAMILIES = {
     # prometheus_client strips `_total` from counter family names.
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
+    "vllm:num_requests_waiting_by_reason",
     "vllm:kv_cache_usage_perc",
     "vllm:prefix_cache_queries",
     "vllm:prefix_cache_hits",

@@ -1,5 +1,5 @@
 //! KV events: a ZMQ SUB client receives vLLM's multipart messages and decodes them as vLLM's
-//! msgspec structs would (array-like, tagged).
+//! msgspec structs would (the batch array-like, each tagged event a map, as vLLM 0.32 sends them).
 
 use std::time::Duration;
 
@@ -19,6 +19,27 @@ async fn recv(sub: &mut zeromq::SubSocket, topic: &str) -> (u64, Value) {
     let seq = u64::from_be_bytes(frames[1][..].try_into().expect("8-byte sequence"));
     let batch = rmpv::decode::read_value(&mut &frames[2][..]).unwrap();
     (seq, batch)
+}
+
+/// The field `name` of a map-form event.
+fn field<'a>(event: &'a Value, name: &str) -> &'a Value {
+    event
+        .as_map()
+        .unwrap_or_else(|| panic!("an event is a map: {event}"))
+        .iter()
+        .find(|(k, _)| k.as_str() == Some(name))
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("{name} in {event}"))
+}
+
+/// The keys of a map-form event, in order.
+fn keys(event: &Value) -> Vec<&str> {
+    event
+        .as_map()
+        .unwrap()
+        .iter()
+        .map(|(k, _)| k.as_str().unwrap())
+        .collect()
 }
 
 fn as_u64s(v: &Value) -> Vec<u64> {
@@ -62,7 +83,7 @@ async fn block_stored_events_for_a_prompts_blocks() {
                 assert!(b[0].as_f64().unwrap() > 1.6e9, "ts is Unix seconds");
                 assert_eq!(
                     b[1].as_array().unwrap()[0],
-                    Value::Array(vec!["AllBlocksCleared".into()])
+                    Value::Map(vec![("type".into(), "AllBlocksCleared".into())])
                 );
                 assert_eq!(b[2].as_u64(), Some(0));
                 last_seq = seq;
@@ -91,25 +112,50 @@ async fn block_stored_events_for_a_prompts_blocks() {
             last_seq = seq;
             let b = batch.as_array().unwrap();
             for event in b[1].as_array().unwrap() {
-                let e = event.as_array().unwrap();
-                assert_eq!(e[0].as_str(), Some("BlockStored"), "{event}");
-                assert_eq!(e.len(), 8, "tag + 7 fields: {event}");
-                let block_hashes = as_u64s(&e[1]);
+                assert_eq!(
+                    keys(event),
+                    [
+                        "type",
+                        "block_hashes",
+                        "parent_block_hash",
+                        "token_ids",
+                        "block_size",
+                        "lora_id",
+                        "medium",
+                        "lora_name",
+                        "extra_keys",
+                        "group_idx",
+                        "kv_cache_spec_kind"
+                    ],
+                    "{event}"
+                );
+                assert_eq!(field(event, "type").as_str(), Some("BlockStored"));
+                let block_hashes = as_u64s(field(event, "block_hashes"));
+                let parent = field(event, "parent_block_hash");
                 if hashes.is_empty() {
-                    parent_of_first = Some(e[2].clone());
+                    parent_of_first = Some(parent.clone());
                 } else {
                     assert_eq!(
-                        e[2].as_u64(),
+                        parent.as_u64(),
                         hashes.last().copied(),
                         "chained to the last block"
                     );
                 }
-                let token_ids = as_u64s(&e[3]);
-                assert_eq!(e[4].as_u64(), Some(16), "block_size");
+                let token_ids = as_u64s(field(event, "token_ids"));
+                assert_eq!(field(event, "block_size").as_u64(), Some(16));
                 assert_eq!(token_ids.len(), block_hashes.len() * 16);
-                assert_eq!(e[5], Value::Nil, "lora_id");
-                assert_eq!(e[6].as_str(), Some("GPU"), "medium");
-                assert_eq!(e[7], Value::Nil, "lora_name");
+                assert_eq!(field(event, "lora_id"), &Value::Nil);
+                assert_eq!(field(event, "medium").as_str(), Some("GPU"));
+                assert_eq!(field(event, "lora_name"), &Value::Nil);
+                assert_eq!(
+                    field(event, "extra_keys"),
+                    &Value::Array(vec![Value::Nil; block_hashes.len()])
+                );
+                assert_eq!(field(event, "group_idx").as_u64(), Some(0));
+                assert_eq!(
+                    field(event, "kv_cache_spec_kind").as_str(),
+                    Some("full_attention")
+                );
                 hashes.extend(block_hashes);
                 tokens.extend(token_ids);
             }

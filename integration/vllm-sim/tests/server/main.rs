@@ -9,4 +9,7 @@ mod faults;
 mod kv_events;
 mod metrics;
 mod openai;
+mod recorded;
 mod support;
+
+kinference_test_prereqs::ci_guard!();

@@ -60,6 +60,7 @@ fn histogram_count(scrape: &Scrape, name: &str) -> f64 {
 const EXPECTED: &[&str] = &[
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
+    "vllm:num_requests_waiting_by_reason",
     "vllm:kv_cache_usage_perc",
     "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total",

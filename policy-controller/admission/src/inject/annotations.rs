@@ -2,7 +2,8 @@
 //! cannot be used is an error that names the annotation, so the pod is refused with a
 //! message its owner can act on rather than started with a proxy configured otherwise.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use ipnet::IpNet;
+use std::collections::BTreeMap;
 
 /// `enabled` or `disabled`, on a pod (template) or its namespace; the pod's wins.
 pub const INJECT: &str = "kinference.io/inject";
@@ -23,6 +24,14 @@ pub const SKIP_OUTBOUND_CIDRS: &str = "kinference.io/skip-outbound-cidrs";
 /// How long a redirected target's stack may stay without a connection before the proxy stops
 /// it (`--target-idle-timeout-ms`), as a duration: `90s`, `10m`, `1h`, `500ms`.
 pub const PROXY_TARGET_IDLE_TIMEOUT: &str = "kinference.io/proxy-target-idle-timeout";
+/// `true` binds the proxy's whole admin listener, `/debug/*` included (decision records,
+/// endpoints, policy, dry runs), on the pod's IP rather than on loopback: for a cluster where
+/// something else (a NetworkPolicy, a mesh authorization policy) guards it. Default `false`.
+pub const PROXY_EXPOSE_ADMIN: &str = "kinference.io/proxy-expose-admin";
+/// The label the injector puts on injected pods, valued with the control plane's namespace (as
+/// Linkerd's `linkerd.io/control-plane-ns`): the chart's NetworkPolicy admits the pods so labelled
+/// to the controller's gRPC port.
+pub const CONTROL_PLANE_NS: &str = "kinference.io/control-plane-ns";
 /// The label the chart puts on the control plane's own pods.
 pub const CONTROL_PLANE_COMPONENT: &str = "kinference.io/control-plane-component";
 
@@ -84,19 +93,15 @@ pub fn ports(annotation: &'static str, value: &str) -> Result<Vec<u16>, Annotati
     Ok(out)
 }
 
-/// A comma-separated list of CIDRs (`10.0.0.0/8`, `fd00::/8`), normalised to their text.
+/// A comma-separated list of CIDRs (`10.0.0.0/8`, `fd00::/8`, parsed by `ipnet`), normalised to
+/// their text.
 pub fn cidrs(annotation: &'static str, value: &str) -> Result<Vec<String>, AnnotationError> {
     let mut out = Vec::new();
     for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let bad = || invalid(annotation, value, format!("{item:?} is not a CIDR"));
-        let (addr, len) = item.split_once('/').ok_or_else(bad)?;
-        let addr: IpAddr = addr.parse().map_err(|_| bad())?;
-        let len: u8 = len.parse().map_err(|_| bad())?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        if len > max {
-            return Err(bad());
-        }
-        let cidr = format!("{addr}/{len}");
+        let net: IpNet = item
+            .parse()
+            .map_err(|_| invalid(annotation, value, format!("{item:?} is not a CIDR")))?;
+        let cidr = net.to_string();
         if !out.contains(&cidr) {
             out.push(cidr);
         }
@@ -177,6 +182,15 @@ pub fn duration(
 }
 
 /// A tracing filter: non-empty, printable, no whitespace (it becomes `RUST_LOG`).
+/// `true` or `false`.
+pub fn boolean(annotation: &'static str, value: &str) -> Result<bool, AnnotationError> {
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(invalid(annotation, value, "must be `true` or `false`")),
+    }
+}
+
 pub fn log_level(value: &str) -> Result<String, AnnotationError> {
     let v = value.trim();
     if v.is_empty() || v.chars().any(|c| c.is_whitespace() || c.is_control()) {

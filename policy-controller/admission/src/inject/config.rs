@@ -74,8 +74,18 @@ mod opt_duration {
 pub struct ProxyPorts {
     /// Where the redirected application traffic arrives (on 127.0.0.1).
     pub outbound: u16,
-    /// `/metrics`, `/ready`, `/live`; probed by the kubelet.
+    /// The admin listener, on 127.0.0.1: `/metrics`, `/ready`, `/live` and the `/debug/*` views
+    /// (decision records, endpoints, policy), which `kubectl port-forward` reaches and the pod
+    /// network does not.
     pub admin: u16,
+    /// The read-only listener on the pod's IP: `GET /metrics`, `/ready` and `/live` only, for
+    /// Prometheus and the kubelet's probes.
+    #[serde(default = "default_metrics_port")]
+    pub metrics: u16,
+}
+
+fn default_metrics_port() -> u16 {
+    4192
 }
 
 fn default_outbound_ports() -> Vec<u16> {

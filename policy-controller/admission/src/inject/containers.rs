@@ -18,7 +18,8 @@ pub const PROXY: &str = "kinference-proxy";
 pub const PROXY_INIT: &str = "kinference-proxy-init";
 /// Where the proxy-init image (`docker/proxy-init.Dockerfile`) installs its binary.
 pub const PROXY_INIT_BIN: &str = "/usr/local/bin/kinference-proxy-init";
-const ADMIN_PORT_NAME: &str = "kinf-admin";
+/// The proxy's read-only metrics listener, the one port of the proxy on the pod's IP.
+const METRICS_PORT_NAME: &str = "kinf-metrics";
 
 /// What one pod's annotations change from the defaults, already validated.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -32,6 +33,8 @@ pub struct Overrides {
     pub skip_outbound_ports: Vec<u16>,
     pub skip_outbound_cidrs: Vec<String>,
     pub target_idle_timeout: Option<std::time::Duration>,
+    /// The admin listener on the pod's IP rather than loopback (`kinference.io/proxy-expose-admin`).
+    pub expose_admin: bool,
 }
 
 /// Labels that name a revision or a run rather than the workload.
@@ -164,7 +167,7 @@ pub fn proxy(
     let probe = |path: &str, period_s: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
-            port: IntOrString::String(ADMIN_PORT_NAME.into()),
+            port: IntOrString::String(METRICS_PORT_NAME.into()),
             ..Default::default()
         }),
         period_seconds: Some(period_s),
@@ -176,10 +179,25 @@ pub fn proxy(
             "KINFERENCE_PROXY_LISTEN_ADDR",
             format!("127.0.0.1:{}", config.ports.outbound),
         ),
-        // Probed by the kubelet on the pod's IP.
+        // The admin listener's debug views (decision records, endpoints, policy, dry runs) stay
+        // pod-local unless the pod asks otherwise; `kubectl port-forward` still reaches them.
         env(
             "KINFERENCE_PROXY_ADMIN_ADDR",
-            format!("0.0.0.0:{}", config.ports.admin),
+            format!(
+                "{}:{}",
+                if o.expose_admin {
+                    "0.0.0.0"
+                } else {
+                    "127.0.0.1"
+                },
+                config.ports.admin
+            ),
+        ),
+        // Read-only (`GET /metrics`, `/ready`, `/live`), on the pod's IP: probed by the kubelet,
+        // scraped by Prometheus.
+        env(
+            "KINFERENCE_PROXY_METRICS_ADDR",
+            format!("0.0.0.0:{}", config.ports.metrics),
         ),
         env(
             "KINFERENCE_PROXY_CONTROLLER_ADDR",
@@ -221,8 +239,8 @@ pub fn proxy(
         restart_policy: Some("Always".into()),
         env: Some(env),
         ports: Some(vec![ContainerPort {
-            name: Some(ADMIN_PORT_NAME.into()),
-            container_port: i32::from(config.ports.admin),
+            name: Some(METRICS_PORT_NAME.into()),
+            container_port: i32::from(config.ports.metrics),
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),

@@ -11,7 +11,7 @@
 //! Service port is (the EndpointSlice controller's contract), as Linkerd's destination
 //! controller reads them.
 
-use crate::{index::Store, labels};
+use crate::{labels, store::Store};
 use k8s_openapi::api::{core::v1::Pod, discovery::v1::EndpointSlice};
 use kinference_api::InferencePool;
 use kinference_policy_core::{Endpoint, ParentTarget, PoolEndpoints, PoolRef};
@@ -21,9 +21,7 @@ use std::{
 };
 
 pub(crate) fn pool_endpoints(store: &Store, pool_ref: &PoolRef) -> PoolEndpoints {
-    let Some(pool) = store
-        .pools
-        .get(&(pool_ref.namespace.clone(), pool_ref.name.clone()))
+    let Some(pool) = store.endpoints_pool(&(pool_ref.namespace.clone(), pool_ref.name.clone()))
     else {
         return PoolEndpoints::default();
     };

@@ -5,22 +5,23 @@
 //! watching proxy hears about real changes and nothing else. Reverse maps keep that
 //! true for InferencePools and InferenceClassifiers, which many routes and policies
 //! name: a pool's routes and the policies whose models use it, and the policy each
-//! watched parent selected.
+//! watched parent selected. A parent whose policy's newest version, or a resource it
+//! depends on, is rejected is served its last good policy (`crate::last_good`).
 
 pub use crate::inference::PolicyValidation;
 use crate::{
-    endpoints, inference, outbound,
+    endpoints,
+    inference::{self, Selected},
+    last_good::LastGood,
+    outbound,
     resource::{Resource, ResourceKey, ResourceKind},
+    store::{NsName, PolicyTarget, Store, policy_target},
 };
 use gateway_api::apis::standard::httproutes::HttpRoute as HTTPRoute;
-use k8s_openapi::api::{
-    core::v1::{Pod, Service},
-    discovery::v1::EndpointSlice,
-};
-use kinference_api::{InferenceClassifier, InferencePolicy, InferencePool};
+use kinference_api::InferencePolicy;
 use kinference_policy_core::{
     DiscoverEndpoints, DiscoverInferencePolicy, DiscoverOutboundPolicy, InferencePolicyState,
-    OutboundPolicy, ParentTarget, PoolEndpoints, PoolRef,
+    OutboundPolicy, ParentTarget, PoolEndpoints, PoolRef, inference::Rejection,
 };
 use parking_lot::RwLock;
 use std::{
@@ -29,48 +30,6 @@ use std::{
     sync::Arc,
 };
 use tokio::sync::watch;
-
-/// `(namespace, name)`.
-pub(crate) type NsName = (String, String);
-
-/// The resources, by kind.
-#[derive(Debug, Default)]
-pub(crate) struct Store {
-    pub services: BTreeMap<NsName, Service>,
-    pub routes: BTreeMap<NsName, HTTPRoute>,
-    pub pools: BTreeMap<NsName, InferencePool>,
-    pub slices: BTreeMap<NsName, EndpointSlice>,
-    pub pods: BTreeMap<NsName, Pod>,
-    pub policies: BTreeMap<NsName, InferencePolicy>,
-    pub classifiers: BTreeMap<NsName, InferenceClassifier>,
-    /// The routes whose parentRefs name each Service.
-    pub routes_by_parent: HashMap<NsName, BTreeSet<NsName>>,
-    /// The InferencePolicies by what their targetRef names.
-    pub policies_by_target: HashMap<PolicyTarget, BTreeSet<NsName>>,
-    /// The routes whose backendRefs name each InferencePool.
-    pub routes_by_pool: HashMap<NsName, BTreeSet<NsName>>,
-    /// The InferencePolicies whose models' poolRefs name each InferencePool.
-    pub policies_by_pool: HashMap<NsName, BTreeSet<NsName>>,
-}
-
-/// What an InferencePolicy's targetRef names: `(namespace, group, kind, name)`, with the
-/// core group spelled `""`.
-pub(crate) type PolicyTarget = (String, String, String, String);
-
-pub(crate) fn policy_target(namespace: &str, policy: &InferencePolicy) -> PolicyTarget {
-    let t = &policy.spec.target_ref;
-    let group = if t.group == "core" {
-        ""
-    } else {
-        t.group.as_str()
-    };
-    (
-        namespace.to_string(),
-        group.to_string(),
-        t.kind.clone(),
-        t.name.clone(),
-    )
-}
 
 /// Counts for the controller's metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -82,6 +41,11 @@ pub struct IndexSizes {
     /// Service ports watched through `Destination.Get`.
     pub service_targets: usize,
     pub invalid_policies: usize,
+    /// Watched parents served a last good policy (its newest version, or a resource it
+    /// depends on, is rejected).
+    pub last_good_parents: usize,
+    /// Rejected resource versions since the index was made, by kind and reason.
+    pub rejections: BTreeMap<(ResourceKind, String), u64>,
 }
 
 #[derive(Debug, Default)]
@@ -99,6 +63,8 @@ pub struct Index {
     targets_by_policy: HashMap<NsName, BTreeSet<ParentTarget>>,
     /// Validation errors of InferencePolicies (and the classifiers they use), for status.
     policy_errors: BTreeMap<NsName, String>,
+    /// Each parent's last good policy, and the rejections that make parents use it.
+    last_good: LastGood,
 }
 
 /// The index shared by sources and the gRPC server.
@@ -121,6 +87,8 @@ struct Affected {
     pool_namespaces: BTreeSet<String>,
     /// Namespaces whose Service ports' endpoints may change.
     service_namespaces: BTreeSet<String>,
+    /// Inference targets to recompute (a rejection of what they select changed).
+    targets: BTreeSet<ParentTarget>,
 }
 
 /// The InferencePools a route's backendRefs name.
@@ -305,6 +273,7 @@ impl Index {
                     Some(_) => {}
                 }
                 affected.pool_namespaces.insert(key.namespace);
+                s.retained_pools.remove(&id);
                 s.pools.insert(id, *r);
             }
             Resource::EndpointSlice(r) => {
@@ -362,7 +331,11 @@ impl Index {
                 None => false,
             },
             ResourceKind::InferencePool => match s.pools.remove(&id) {
-                Some(_) => {
+                Some(pool) => {
+                    // A policy still names it: its last good version may need its endpoints.
+                    if s.policies_by_pool.contains_key(&id) {
+                        s.retained_pools.insert(id.clone(), pool);
+                    }
                     s.affect_pool_existence(&id, &mut affected);
                     affected.pool_namespaces.insert(key.namespace.clone());
                     true
@@ -382,6 +355,8 @@ impl Index {
             ResourceKind::InferencePolicy => match s.policies.remove(&id) {
                 Some(old) => {
                     s.unindex_policy(&id, &old, &mut affected);
+                    // Deleting a policy is deliberate: none of its versions is served again.
+                    self.last_good.forget_policy(&id);
                     true
                 }
                 None => false,
@@ -437,7 +412,54 @@ impl Index {
             pool_targets: self.endpoints.len(),
             service_targets: self.service_endpoints.len(),
             invalid_policies: self.policy_errors.len(),
+            last_good_parents: self.last_good.holding(),
+            rejections: self.last_good.totals().clone(),
         }
+    }
+
+    /// Replaces what the source could not read: each resource whose newest version it rejected
+    /// (a document that does not parse), with why. The source keeps the resource's last good
+    /// version applied; the parents whose policy depends on it are told they are served a last
+    /// good version. The manifest source calls this after every reload.
+    pub fn set_source_rejections(&mut self, rejections: BTreeMap<ResourceKey, Rejection>) {
+        let changed = self.last_good.set_source(rejections);
+        if changed.is_empty() {
+            return;
+        }
+        let mut affected = Affected::default();
+        for key in changed {
+            let id = (key.namespace.clone(), key.name.clone());
+            match key.kind {
+                ResourceKind::InferencePolicy => {
+                    let parents = self.targets_by_policy.get(&id).into_iter().flatten();
+                    affected.targets.extend(parents.cloned());
+                }
+                ResourceKind::InferenceClassifier => {
+                    affected.policy_namespaces.insert(key.namespace);
+                    affected.policy_namespaces_all = true;
+                }
+                ResourceKind::InferencePool => {
+                    affected.policy_namespaces.insert(key.namespace);
+                    affected.pools_changed.insert(id);
+                }
+                // Policies do not depend on these directly.
+                _ => {}
+            }
+        }
+        self.publish(affected);
+    }
+
+    /// Every rejection standing now, by the rejected resource: validations of the policies
+    /// watched parents select (and of their classifiers), and what the sources could not read.
+    pub fn rejections(&self) -> BTreeMap<ResourceKey, Rejection> {
+        self.last_good.rejections()
+    }
+
+    /// The InferencePolicies that some watched parent selects but is served a last good
+    /// version of (or of whose dependencies), with the revision it is served, by
+    /// `(namespace, name)`. The Kubernetes source writes these into status conditions.
+    pub fn last_good_policies(&self) -> BTreeMap<NsName, String> {
+        self.last_good.held_by_policy(&self.selected_policy)
     }
 
     /// The validation errors of every InferencePolicy that a watched target selected and
@@ -451,8 +473,10 @@ impl Index {
         outbound::policy(&self.store, target)
     }
 
+    /// What a proxy that starts watching `target` now would be served.
     pub fn inference_policy(&self, target: &ParentTarget) -> InferencePolicyState {
-        inference::policy(&self.store, target).0
+        let (computed, selected) = inference::policy(&self.store, target);
+        self.last_good.state(target, computed, selected.as_ref())
     }
 
     pub fn pool_endpoints(&self, pool: &PoolRef) -> PoolEndpoints {
@@ -537,6 +561,7 @@ impl Index {
         };
         let store = &self.store;
         let policy_errors = &mut self.policy_errors;
+        let last_good = &mut self.last_good;
         let mut selections = Vec::new();
         let mut update_inference =
             |target: &ParentTarget, tx: &watch::Sender<InferencePolicyState>| {
@@ -544,9 +569,8 @@ impl Index {
                     unwatched.push(target.clone());
                     return;
                 }
-                let (next, error) = inference::policy(store, target);
-                record_error(policy_errors, &next, error);
-                selections.push((target.clone(), selected(&next)));
+                let (next, selected) = resolve(store, policy_errors, last_good, target);
+                selections.push((target.clone(), selected.map(|s| s.id)));
                 tx.send_if_modified(|cur| replace_if_changed(cur, next));
             };
         let mut done = BTreeSet::new();
@@ -556,8 +580,8 @@ impl Index {
                 update_inference(t, tx);
             }
         }
-        for t in &by_namespace {
-            if !done.contains(t)
+        for t in by_namespace.iter().chain(&affected.targets) {
+            if done.insert(t)
                 && let Some(tx) = self.inference.get(t)
             {
                 update_inference(t, tx);
@@ -573,6 +597,7 @@ impl Index {
         }
         for t in unwatched.drain(..) {
             self.inference.remove(&t);
+            self.last_good.unwatched(&t);
             select(
                 &mut self.selected_policy,
                 &mut self.targets_by_policy,
@@ -581,10 +606,24 @@ impl Index {
             );
         }
         // Forget errors of policies that no longer exist.
-        policy_errors.retain(|id, _| store.policies.contains_key(id));
+        self.policy_errors
+            .retain(|id, _| self.store.policies.contains_key(id));
+        self.last_good.retain_existing(&self.store);
+        // Deleted pools are kept only while a last good policy uses them.
+        let mut pool_namespaces = affected.pool_namespaces;
+        let in_use = self.last_good.pools_in_use();
+        let s = &mut self.store;
+        s.retained_pools.retain(|id, _| {
+            let keep = in_use.contains(id);
+            if !keep {
+                pool_namespaces.insert(id.0.clone());
+            }
+            keep
+        });
+        let store = &self.store;
 
         let mut unwatched_pools = Vec::new();
-        for ns in &affected.pool_namespaces {
+        for ns in &pool_namespaces {
             let from = PoolRef::new(ns, "");
             for (pool, tx) in self.endpoints.range(from..) {
                 if pool.namespace != *ns {
@@ -654,30 +693,28 @@ fn select(
     }
 }
 
-/// The policy a state was computed from.
-fn selected(state: &InferencePolicyState) -> Option<NsName> {
-    match state {
-        InferencePolicyState::Served(p) => {
-            Some((p.source.namespace.clone(), p.source.name.clone()))
-        }
-        InferencePolicyState::Invalid { source, .. } => {
-            Some((source.namespace.clone(), source.name.clone()))
-        }
-        InferencePolicyState::NotFound { .. } => None,
-    }
-}
-
-fn record_error(
+/// What `target` is served now, with its last good policy considered, and the policy it
+/// selects; records the selected policy's validation error for status.
+fn resolve(
+    store: &Store,
     errors: &mut BTreeMap<NsName, String>,
-    state: &InferencePolicyState,
-    error: Option<(NsName, String)>,
-) {
-    if let InferencePolicyState::Served(p) = state {
-        errors.remove(&(p.source.namespace.clone(), p.source.name.clone()));
+    last_good: &mut LastGood,
+    target: &ParentTarget,
+) -> (InferencePolicyState, Option<Selected>) {
+    let (computed, selected) = inference::policy(store, target);
+    if let Some(sel) = &selected {
+        match &sel.rejection {
+            Some(r) => {
+                errors.insert(sel.id.clone(), r.message.clone());
+            }
+            None => {
+                errors.remove(&sel.id);
+            }
+        }
     }
-    if let Some((id, message)) = error {
-        errors.insert(id, message);
-    }
+    let state = last_good.state(target, computed, selected.as_ref());
+    last_good.record(target, &state, selected.as_ref());
+    (state, selected)
 }
 
 fn replace_if_changed<T: PartialEq>(cur: &mut T, next: T) -> bool {
@@ -734,9 +771,13 @@ impl DiscoverInferencePolicy for SharedIndex {
         if let Some(tx) = index.inference.get(target) {
             return Some(tx.subscribe());
         }
-        let (state, error) = inference::policy(&index.store, target);
-        record_error(&mut index.policy_errors, &state, error);
-        let policy = selected(&state);
+        let (state, selected) = resolve(
+            &index.store,
+            &mut index.policy_errors,
+            &mut index.last_good,
+            target,
+        );
+        let policy = selected.map(|s| s.id);
         let tx = watch::Sender::new(state);
         let rx = tx.subscribe();
         index.inference.insert(target.clone(), tx);

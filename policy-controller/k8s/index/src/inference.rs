@@ -4,12 +4,14 @@
 //! A parent Service's policy is the first of: a policy targeting the Service itself, a
 //! policy targeting an HTTPRoute attached to it, a policy targeting an InferencePool
 //! that such a route sends to (ties broken by namespace and name). A policy is served
-//! only when it, and the classifier it names, pass the API's validation; otherwise the
-//! parent has no policy and the errors are kept for status.
+//! only when it, and the classifier it names, pass the API's validation; otherwise it is
+//! rejected, the errors are kept for status, and the index serves the parent its last good
+//! policy if it has one (`crate::last_good`).
 
 use crate::{
-    index::{NsName, Store},
     outbound::attached_routes,
+    resource::{ResourceKey, ResourceKind},
+    store::{NsName, Store},
 };
 use kinference_api::{
     InferenceClassifier, InferencePolicy as PolicyResource, InferencePool, ValidationErrors,
@@ -20,7 +22,7 @@ use kinference_policy_core::{
     InferencePolicy, InferencePolicyState, ParentTarget, PoolRef, ResourceRef,
     inference::{
         self as core, Alias, Balancer, Classifier, ClassifierKind, ClassifierTag, KvEvents,
-        LabelExpression, Model, Price, Prior, Rule, RuleAction,
+        LabelExpression, Model, Price, Prior, Rejection, Rule, RuleAction,
     },
 };
 use std::{
@@ -88,6 +90,70 @@ impl PolicyValidation {
             errors.push(e.clone());
         }
         (!errors.is_empty()).then(|| errors.join("; "))
+    }
+
+    /// The rejection of an invalid policy `id`, or `None` when valid. It names the classifier
+    /// when that is invalid (the policy's own problems then often follow from it), else the
+    /// policy; its reason is the kind of the first problem.
+    pub fn rejection(&self, id: &NsName) -> Option<Rejection> {
+        let message = self.message(&id.0)?;
+        let (kind, name, reason) = match (&self.classifier, &self.policy) {
+            (Some((name, e)), _) => (ResourceKind::InferenceClassifier, name.as_str(), reason(e)),
+            (None, Some(e)) => (ResourceKind::InferencePolicy, id.1.as_str(), reason(e)),
+            (None, None) => (ResourceKind::InferencePolicy, id.1.as_str(), "translation"),
+        };
+        Some(Rejection {
+            kind: kind.as_str().to_string(),
+            namespace: id.0.clone(),
+            name: name.to_string(),
+            reason: reason.to_string(),
+            message,
+        })
+    }
+}
+
+/// The metric label of the first problem's kind.
+fn reason(errors: &ValidationErrors) -> &'static str {
+    use kinference_api::validate::ErrorKind;
+    match errors.errors().first().map(|e| e.kind) {
+        Some(ErrorKind::Required) => "required",
+        Some(ErrorKind::Invalid) | None => "invalid",
+        Some(ErrorKind::Duplicate) => "duplicate",
+        Some(ErrorKind::NotFound) => "not_found",
+        Some(ErrorKind::NotSupported) => "not_supported",
+    }
+}
+
+/// The policy a parent selects: what its translation depends on, and why it is not served
+/// when it is not.
+#[derive(Clone, Debug)]
+pub(crate) struct Selected {
+    pub id: NsName,
+    /// The policy, the classifier it names and its models' pools.
+    pub depends_on: Vec<ResourceKey>,
+    /// Set when the policy is invalid.
+    pub rejection: Option<Rejection>,
+}
+
+impl Selected {
+    fn of(id: &NsName, resource: &PolicyResource, rejection: Option<Rejection>) -> Self {
+        let key = |kind, name: &str| ResourceKey {
+            kind,
+            namespace: id.0.clone(),
+            name: name.to_string(),
+        };
+        let mut depends_on = vec![key(ResourceKind::InferencePolicy, &id.1)];
+        if let Some(c) = &resource.spec.classifier_ref {
+            depends_on.push(key(ResourceKind::InferenceClassifier, &c.name));
+        }
+        for m in &resource.spec.models {
+            depends_on.push(key(ResourceKind::InferencePool, &m.pool_ref.name));
+        }
+        Self {
+            id: id.clone(),
+            depends_on,
+            rejection,
+        }
     }
 }
 
@@ -157,11 +223,12 @@ fn validate(
     }
 }
 
-/// The policy state of `target`, and the validation error of the selected policy.
+/// The policy state of `target` from the resources as they are (before any last good
+/// version is considered), and the policy it selects.
 pub(crate) fn policy(
     store: &Store,
     target: &ParentTarget,
-) -> (InferencePolicyState, Option<(NsName, String)>) {
+) -> (InferencePolicyState, Option<Selected>) {
     let parent = target.resource();
     let Some((id, resource)) = select(store, target) else {
         return (InferencePolicyState::NotFound { parent }, None);
@@ -170,7 +237,10 @@ pub(crate) fn policy(
     match validate(store, id, resource) {
         (_, Some(mut policy), _) => {
             policy.parent = parent;
-            (InferencePolicyState::Served(Box::new(policy)), None)
+            (
+                InferencePolicyState::Served(Box::new(policy)),
+                Some(Selected::of(id, resource, None)),
+            )
         }
         (validation, None, _) => {
             let message = validation.message(&id.0).unwrap_or_default();
@@ -178,9 +248,9 @@ pub(crate) fn policy(
                 InferencePolicyState::Invalid {
                     parent,
                     source,
-                    message: message.clone(),
+                    message,
                 },
-                Some((id.clone(), message)),
+                Some(Selected::of(id, resource, validation.rejection(id))),
             )
         }
     }
@@ -302,6 +372,49 @@ pub(crate) fn translate(
             BalancerMode::Enforce => core::BalancerMode::Enforce,
             BalancerMode::Shadow => core::BalancerMode::Shadow,
         },
+        objective: match spec.balancer.objective {
+            api::Objective::LowestTtft => core::Objective::LowestTtft,
+            api::Objective::CheapestWithinSlo => core::Objective::CheapestWithinSlo,
+        },
+        prefer_cheaper_within: spec
+            .balancer
+            .prefer_cheaper_within()
+            .map_err(|e| format!("spec.balancer.preferCheaperWithin: {e}"))?,
+    };
+    let service_classes = spec
+        .service_classes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            Ok(core::ServiceClass {
+                name: format!("{:?}", c.name),
+                ttft_slo: c
+                    .ttft_slo()
+                    .transpose()
+                    .map_err(|e| format!("spec.serviceClasses[{i}].ttftSLO: {e}"))?,
+                max_queue_time: c
+                    .max_queue_time()
+                    .transpose()
+                    .map_err(|e| format!("spec.serviceClasses[{i}].maxQueueTime: {e}"))?,
+                reserved_share: c.reserved_share.unwrap_or(0.0),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let t = &spec.timeouts;
+    let timeouts = core::Timeouts {
+        first_byte_multiple: t.first_byte_multiple,
+        first_byte_floor: t
+            .first_byte_floor()
+            .map_err(|e| format!("spec.timeouts.firstByteFloor: {e}"))?,
+        first_byte_cap: t
+            .first_byte_cap()
+            .map_err(|e| format!("spec.timeouts.firstByteCap: {e}"))?,
+        stream_idle: t
+            .stream_idle()
+            .map_err(|e| format!("spec.timeouts.streamIdle: {e}"))?,
+        request: t
+            .request()
+            .map_err(|e| format!("spec.timeouts.request: {e}"))?,
     };
     let classifiers = classifier
         .map(|c| Classifier {
@@ -336,6 +449,20 @@ pub(crate) fn translate(
         rules: spec.rules.iter().map(rule).collect(),
         classifiers,
         balancer,
+        service_classes,
+        timeouts,
+        tenant_budgets: spec
+            .tenant_budgets
+            .iter()
+            .map(|b| core::TenantBudget {
+                tenant: b.tenant.clone(),
+                tokens: b.tokens,
+                // Validated before the policy is indexed.
+                window: b
+                    .window()
+                    .unwrap_or(kinference_api::policy::DEFAULT_BUDGET_WINDOW),
+            })
+            .collect(),
     })
 }
 
@@ -413,11 +540,26 @@ fn rule(r: &api::PolicyRule) -> Rule {
             rewrite_to: r.action.rewrite_to.clone(),
             service_class: r.action.service_class.map(|c| format!("{c:?}")),
         },
+        quality_guard: r.quality_guard.as_ref().map(|g| core::QualityGuard {
+            sample_share: g.sample_share(),
+            tolerance: g.tolerance(),
+            min_samples: g.min_samples(),
+            capped_share: g.capped_share(),
+            window: g.window(),
+            family_tag: g.family_tag().to_string(),
+            judge_url: g.judge.url.clone(),
+            judge_model: g.judge.model.clone(),
+            // Validated before the policy is indexed.
+            judge_timeout: g
+                .judge_timeout()
+                .unwrap_or(kinference_api::policy::DEFAULT_JUDGE_TIMEOUT),
+        }),
     }
 }
 
 fn tag(t: &kinference_api::classifier::ClassifierTag) -> ClassifierTag {
     let kind = match &t.source {
+        TagSource::Family(_) => ClassifierKind::Family,
         TagSource::Complexity(c) => ClassifierKind::Complexity {
             thresholds: c.thresholds.as_ref().map(|t| core::ComplexityThresholds {
                 low: t.low,

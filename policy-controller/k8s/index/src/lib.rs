@@ -1,16 +1,21 @@
 //! The policy controller's index: Kubernetes resources in, core policy out.
 //!
-//! Sources (the local manifest directory today, kube-rs watchers later) call
+//! Sources (the manifest directory, or the kube-rs watchers) call
 //! [`Index::apply`] and [`Index::delete`]; the index keeps the resources, translates
 //! them into the core model and publishes the result per target through `watch`
-//! channels that the gRPC layer streams. It does no I/O, so every translation rule is
+//! channels that the gRPC layer streams. A parent whose policy's newest version is rejected
+//! keeps its last good policy (`last_good`). It does no I/O, so every translation rule is
 //! tested here without a cluster or a socket.
 
 mod endpoints;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod index;
 mod inference;
+mod last_good;
 mod outbound;
 pub mod resource;
+mod store;
 
 pub use self::{
     index::{Index, IndexSizes, SharedIndex},

@@ -4,7 +4,7 @@
 //! their backendRefs may name InferencePools, which become pool backends that the proxy
 //! resolves through the Destination API.
 
-use crate::index::{NsName, Store};
+use crate::store::{NsName, Store};
 use gateway_api::apis::standard::httproutes::{
     HttpRoute as HTTPRoute, HttpRouteRules, HttpRouteRulesBackendRefs, HttpRouteRulesMatches,
     HttpRouteRulesMatchesHeadersType, HttpRouteRulesMatchesPathType,

@@ -58,6 +58,22 @@ impl ResourceKind {
     }
 }
 
+impl ResourceKind {
+    /// The kind of a manifest's `apiVersion` group and `kind`, when the index uses it.
+    pub fn of(group: &str, kind: &str) -> Option<Self> {
+        Some(match (group, kind) {
+            ("", "Service") => Self::Service,
+            ("", "Pod") => Self::Pod,
+            ("discovery.k8s.io", "EndpointSlice") => Self::EndpointSlice,
+            ("gateway.networking.k8s.io", "HTTPRoute") => Self::HttpRoute,
+            (kinference_api::pool::GROUP, "InferencePool") => Self::InferencePool,
+            (kinference_api::policy::GROUP, "InferencePolicy") => Self::InferencePolicy,
+            (kinference_api::policy::GROUP, "InferenceClassifier") => Self::InferenceClassifier,
+            _ => return None,
+        })
+    }
+}
+
 impl fmt::Display for ResourceKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -70,6 +86,29 @@ pub struct ResourceKey {
     pub kind: ResourceKind,
     pub namespace: String,
     pub name: String,
+}
+
+impl ResourceKey {
+    /// The identity a manifest document declares (its kind, namespace and name), read without
+    /// the rest of it, so that a document that fails to parse can still be named. `None` when
+    /// the index does not use its kind or it has no name.
+    pub fn of_yaml(doc: &serde_yaml::Value, default_namespace: &str) -> Option<Self> {
+        let api_version = doc.get("apiVersion")?.as_str()?;
+        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        let kind = ResourceKind::of(group, doc.get("kind")?.as_str()?)?;
+        let meta = doc.get("metadata")?;
+        let name = meta.get("name")?.as_str().filter(|n| !n.is_empty())?;
+        let namespace = meta
+            .get("namespace")
+            .and_then(|n| n.as_str())
+            .filter(|n| !n.is_empty())
+            .unwrap_or(default_namespace);
+        Some(Self {
+            kind,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        })
+    }
 }
 
 impl fmt::Display for ResourceKey {
@@ -85,9 +124,12 @@ pub enum ManifestError {
     MissingType,
     #[error("{0} {1:?} has no metadata.name")]
     MissingName(&'static str, String),
-    #[error("{kind}: {source}")]
+    /// A document that does not parse as its kind; `path` is the field that failed
+    /// (`spec.models[0].prior.timePerOutputTokenMs`), so an operator can find it.
+    #[error("{kind}: {path}: {source}")]
     Invalid {
         kind: &'static str,
+        path: String,
         #[source]
         source: serde_yaml::Error,
     },
@@ -109,13 +151,20 @@ impl Resource {
             .and_then(|v| v.as_str())
             .ok_or(ManifestError::MissingType)?;
         let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        if ResourceKind::of(group, kind).is_none() {
+            return Ok(None);
+        }
         fn de<T: serde::de::DeserializeOwned>(
             kind: &'static str,
             doc: serde_yaml::Value,
         ) -> Result<Box<T>, ManifestError> {
-            serde_yaml::from_value(doc)
+            serde_path_to_error::deserialize(doc)
                 .map(Box::new)
-                .map_err(|source| ManifestError::Invalid { kind, source })
+                .map_err(|e| ManifestError::Invalid {
+                    kind,
+                    path: e.path().to_string(),
+                    source: e.into_inner(),
+                })
         }
         let mut res = match (group, kind) {
             ("", "Service") => Self::Service(de("Service", doc)?),

@@ -32,6 +32,8 @@ pub struct Config {
     pub lease: LeaseConfig,
     pub backoff: Backoff,
     pub clock: Arc<dyn Clock>,
+    /// The proxies' quality-guard reports (the gRPC server fills it), written into status.
+    pub guards: Arc<kinference_policy_core::guard::GuardReports>,
 }
 
 impl Config {
@@ -42,6 +44,7 @@ impl Config {
             lease,
             backoff: Backoff::default(),
             clock: Arc::new(SystemClock),
+            guards: Arc::default(),
         }
     }
 }
@@ -115,7 +118,7 @@ pub async fn run_with_sync(
         elector.run().await;
         "leader election"
     });
-    let writer = StatusWriter::new(client, index, inputs, config.clock);
+    let writer = StatusWriter::new(client, index, inputs, config.clock, config.guards);
     tasks.spawn(async move {
         writer.run(leader).await;
         "status writer"

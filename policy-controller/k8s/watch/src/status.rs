@@ -16,10 +16,12 @@ mod compute;
 
 use crate::lease::Clock;
 use kinference_api::{InferencePolicy, InferencePool};
+use kinference_policy_core::guard::{GuardCondition, GuardReports};
 use kinference_policy_k8s_index::{Resource, ResourceKey, ResourceKind, SharedIndex};
 use kube::{
-    Api, Client,
+    Api, Client, Resource as _,
     api::{Patch, PatchParams},
+    runtime::events::{Event, EventType, Recorder, Reporter},
 };
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -89,6 +91,12 @@ pub struct StatusWriter {
     written: HashMap<ResourceKey, (Option<String>, Value)>,
     /// How long to wait before retrying a failed write.
     pub retry: Duration,
+    /// The proxies' quality-guard reports, merged into each policy's `QualityGuard` condition.
+    guards: Arc<GuardReports>,
+    /// Each policy's `QualityGuard` condition status as last written, to publish an Event when
+    /// it changes.
+    guard_states: HashMap<ResourceKey, &'static str>,
+    events: Recorder,
 }
 
 impl std::fmt::Debug for StatusWriter {
@@ -106,7 +114,15 @@ impl StatusWriter {
         index: SharedIndex,
         inputs: Arc<Inputs>,
         clock: Arc<dyn Clock>,
+        guards: Arc<GuardReports>,
     ) -> Self {
+        let events = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: CONTROLLER_NAME.into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
         Self {
             client,
             index,
@@ -114,6 +130,9 @@ impl StatusWriter {
             clock,
             written: HashMap::new(),
             retry: Duration::from_secs(1),
+            guards,
+            guard_states: HashMap::new(),
+            events,
         }
     }
 
@@ -130,6 +149,7 @@ impl StatusWriter {
             }
             tokio::select! {
                 _ = self.inputs.changed.notified() => {}
+                _ = self.guards.changed.notified() => {}
                 res = leader.changed() => if res.is_err() { return },
                 _ = tokio::time::sleep(self.retry), if failed => {}
             }
@@ -141,7 +161,15 @@ impl StatusWriter {
         let index_errors = self.index.read().policy_errors().clone();
         let objects = self.inputs.snapshot();
         self.written.retain(|k, _| objects.contains_key(k));
-        let desired = desired_statuses(&objects, &index_errors, self.clock.now());
+        let guards: BTreeMap<(String, String), GuardCondition> = objects
+            .keys()
+            .filter(|k| k.kind == ResourceKind::InferencePolicy)
+            .filter_map(|k| {
+                let id = (k.namespace.clone(), k.name.clone());
+                Some((id.clone(), self.guards.condition(&id)?))
+            })
+            .collect();
+        let desired = desired_statuses(&objects, &index_errors, &guards, self.clock.now());
         let mut ok = true;
         for d in desired {
             if let Some((rv, status)) = self.written.get(&d.key)
@@ -156,6 +184,10 @@ impl StatusWriter {
             match self.patch(&d).await {
                 Ok(()) => {
                     tracing::info!(resource = %d.key, "status written");
+                    if d.key.kind == ResourceKind::InferencePolicy {
+                        let id = (d.key.namespace.clone(), d.key.name.clone());
+                        self.guard_event(&d.key, &objects, guards.get(&id)).await;
+                    }
                     self.written
                         .insert(d.key.clone(), (d.resource_version.clone(), d.comparable));
                 }
@@ -166,6 +198,53 @@ impl StatusWriter {
             }
         }
         ok
+    }
+
+    /// Publishes an Event on the policy when its `QualityGuard` condition changes status: a
+    /// Warning when a rule is suspended, Normal when the guards are back within tolerance.
+    async fn guard_event(
+        &mut self,
+        key: &ResourceKey,
+        objects: &BTreeMap<ResourceKey, Resource>,
+        guard: Option<&GuardCondition>,
+    ) {
+        let Some(g) = guard else {
+            self.guard_states.remove(key);
+            return;
+        };
+        let before = self.guard_states.insert(key.clone(), g.status);
+        if before == Some(g.status) || g.status == "Unknown" {
+            return;
+        }
+        if before.is_none() && g.status == "True" {
+            return;
+        }
+        let Some(Resource::InferencePolicy(p)) = objects.get(key) else {
+            return;
+        };
+        let warning = g.status == "False";
+        let ev = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: if warning {
+                "QualityGuardSuspended"
+            } else {
+                "QualityGuardWithinTolerance"
+            }
+            .into(),
+            note: Some(g.message.chars().take(1000).collect()),
+            action: "Route".into(),
+            secondary: None,
+        };
+        let regarding = p.object_ref(&());
+        if let Err(error) = self.events.publish(&ev, &regarding).await {
+            tracing::warn!(resource = %key, %error, "publishing a quality-guard event failed");
+        } else if warning {
+            tracing::warn!(resource = %key, message = %g.message, "a quality guard suspended a rule");
+        }
     }
 
     async fn patch(&self, d: &Desired) -> Result<(), kube::Error> {

@@ -1,6 +1,6 @@
 //! kube-rs watchers that feed the index, one per kind.
 //!
-//! The index is the same one the local manifest directory feeds; this module is the
+//! The index is the same one the manifest-directory source feeds; this module is the
 //! seam between the Kubernetes API's list-and-watch protocol and its `apply`/`delete`.
 //! A watcher restart (a dropped connection the API cannot resume, a `410 Gone`) relists
 //! the kind: the relisted objects replace what this watcher applied before, under one
@@ -18,7 +18,11 @@ use kinference_api::{InferenceClassifier, InferencePolicy, InferencePool};
 use kinference_policy_k8s_index::{Resource, ResourceKey, ResourceKind, SharedIndex};
 use kube::{
     Api,
-    runtime::{WatchStreamExt, watcher},
+    runtime::{
+        WatchStreamExt,
+        utils::ResetTimerBackoff,
+        watcher::{self, ExponentialBackoff},
+    },
 };
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
@@ -52,16 +56,21 @@ indexed!(Pod, Pod);
 indexed!(InferencePolicy, InferencePolicy);
 indexed!(InferenceClassifier, InferenceClassifier);
 
-/// How long a watcher waits before retrying after an error: doubling from `min` up to
-/// `max`, and back to `min` once events flow again.
+/// How long a watcher waits before retrying after an error: kube-runtime's exponential
+/// backoff with jitter, a step doubling from `min` up to `max` and each delay up to one step
+/// more (`[step, 2 step)`), back to `min` once events flow again or after
+/// [`BACKOFF_RESET_AFTER`] without a retry. The default is kube-runtime's `DefaultBackoff`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
     pub min: Duration,
     pub max: Duration,
 }
 
+/// A quiet spell after which a watcher's backoff starts again from `min` (kube-runtime's).
+pub const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(120);
+
 impl Default for Backoff {
-    /// client-go's reflector: 800ms doubling to 30s.
+    /// client-go's reflector, as kube-runtime's `DefaultBackoff`: 800ms doubling to 30s.
     fn default() -> Self {
         Self {
             min: Duration::from_millis(800),
@@ -70,25 +79,16 @@ impl Default for Backoff {
     }
 }
 
-#[derive(Debug)]
-struct BackoffIter {
-    config: Backoff,
-    next: Duration,
-}
-
-impl Iterator for BackoffIter {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let cur = self.next;
-        self.next = (cur * 2).min(self.config.max);
-        Some(cur)
-    }
-}
-
-impl kube::runtime::utils::Backoff for BackoffIter {
-    fn reset(&mut self) {
-        self.next = self.config.min;
+impl Backoff {
+    /// The delays, as kube-runtime's `DefaultBackoff` builds them, over these bounds.
+    fn delays(self) -> ResetTimerBackoff<ExponentialBackoff> {
+        let builder = backon::ExponentialBuilder::default()
+            .with_min_delay(self.min)
+            .with_max_delay(self.max)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times();
+        ResetTimerBackoff::new(ExponentialBackoff::from(builder), BACKOFF_RESET_AFTER)
     }
 }
 
@@ -181,10 +181,7 @@ impl Sink {
 
 /// Watches one kind in every namespace and feeds `sink` until the task is dropped.
 pub async fn watch_kind<K: IndexedResource>(api: Api<K>, sink: Sink, backoff: Backoff) {
-    let stream = watcher(api, watcher::Config::default()).backoff(BackoffIter {
-        config: backoff,
-        next: backoff.min,
-    });
+    let stream = watcher::watcher(api, watcher::Config::default()).backoff(backoff.delays());
     let mut stream = std::pin::pin!(stream);
     let mut known = BTreeSet::new();
     let mut listing: Option<Vec<Resource>> = None;
@@ -227,6 +224,32 @@ pub async fn watch_kind<K: IndexedResource>(api: Api<K>, sink: Sink, backoff: Ba
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::runtime::utils::Backoff as _;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_backoff_doubles_with_jitter_and_restarts_after_events_or_a_quiet_spell() {
+        let ms = Duration::from_millis;
+        let mut delays = Backoff {
+            min: ms(100),
+            max: ms(1000),
+        }
+        .delays();
+        // Steps 100, 200, 400, 800, 1000, 1000; each delay in [step, 2 step).
+        for step in [100, 200, 400, 800, 1000, 1000].map(ms) {
+            let d = delays.next().unwrap();
+            assert!(d >= step && d < step * 2, "{d:?} for a step of {step:?}");
+        }
+        // Events flowed again: the watcher resets it.
+        delays.reset();
+        assert!(delays.next().unwrap() < ms(200));
+        delays.next();
+        delays.next();
+        // A retry after two quiet minutes starts from `min` again; one sooner does not.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(delays.next().unwrap() >= ms(800));
+        tokio::time::advance(BACKOFF_RESET_AFTER + ms(1)).await;
+        assert!(delays.next().unwrap() < ms(200));
+    }
 
     #[test]
     fn initial_sync_turns_true_only_after_every_kind_listed_once() {

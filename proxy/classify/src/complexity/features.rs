@@ -1,223 +1,405 @@
-//! Features of the complexity model: dense lexical/structural counts plus hashed word pairs.
+//! The surface features of a final question: 13 dense ones for the score's head and hashed words
+//! for the family tagger, as `scripts/classify/kclassify.py` and `evaluate.py` compute them when
+//! fitting the weights.
 //!
-//! Training and serving call the same functions, so the features the weights were fitted on are the
-//! features the proxy computes. Besides the general shape of a prompt, a group of features describes
-//! math word problems (quantities, parts of a whole, comparisons, commas and length, each also gated
-//! by "this is a word problem"): within a set of word problems the general features barely rank
-//! which ones the weak model fails, and a linear model needs the gate to learn that length and
-//! bookkeeping matter differently there than across subjects.
+//! One pass over the bytes with an ASCII fast path; words are `[A-Za-z0-9']+` runs, so only
+//! ASCII text forms words. Non-ASCII characters are classed with Rust's Unicode predicates
+//! (`is_uppercase`; decimal digits, category Nd, for `\d`), where the reference used Python's:
+//! the two agree except on rare characters (Python's `isdigit` also counts superscript digits).
 
-use crate::{
-    detect::{code, math},
-    input::View,
-    scan::{Marker, Scan},
-    text::mix,
-};
+use unicode_categories::UnicodeCategories;
 
-/// Names of the dense features, in order; stored in the weights file and checked on load.
-pub const DENSE_NAMES: [&str; 40] = [
+/// Dense features.
+pub const DENSE: usize = 13;
+
+/// Their names, in order, as the head's weights file lists them.
+pub const DENSE_NAMES: [&str; DENSE] = [
     "log_bytes",
     "log_words",
     "log_lines",
-    "question_marks",
-    "wh_words",
-    "instruction_markers",
-    "reasoning_markers",
-    "multi_step_markers",
-    "constraint_markers",
-    "simple_markers",
-    "code_probability",
-    "math_probability",
-    "digit_density",
-    "uppercase_ratio",
-    "non_ascii_ratio",
-    "code_symbol_density",
-    "math_operator_density",
-    "arithmetic",
-    "latex",
-    "list_lines",
-    "choice_lines",
-    "multiple_choice",
-    "log_sentences",
-    "mean_word_length",
-    "log_turns",
-    "has_system_prompt",
-    "log_context_bytes",
-    "math_words",
-    "log_digits",
-    "log_quantities",
-    "log_commas",
-    "fractions_percents",
-    "comparatives",
-    "word_problem",
-    "wp_log_bytes",
-    "wp_log_sentences",
-    "wp_log_commas",
-    "wp_log_quantities",
-    "wp_fractions_percents",
-    "wp_comparatives",
+    "log_qmarks",
+    "digit_share",
+    "upper_share",
+    "nonascii_share",
+    "code_sym_share",
+    "math_sym_share",
+    "log_numbers",
+    "mean_word_len",
+    "option_lines",
+    "log_max_line",
 ];
 
-pub const DENSE: usize = DENSE_NAMES.len();
+/// Hashed-word buckets of the family tagger.
+pub const HASH_BUCKETS: usize = 4096;
 
-/// The dense feature vector (not yet standardised).
-pub(crate) fn dense(view: &View<'_>, scan: &Scan) -> [f32; DENSE] {
-    let ln = |n: usize| (n as f32).ln_1p();
-    let capped = |m: Marker, cap: usize| scan.marker(m).min(cap) as f32;
-    let context_bytes: usize = view.context.iter().map(|c| c.len()).sum();
-    let quantities = scan.numbers + scan.marker(Marker::NumberWord);
-    let parts = (scan.fractions + scan.percents + scan.marker(Marker::FractionWord)).min(5) as f32;
-    let comparatives = capped(Marker::Comparative, 5);
-    let wp = f32::from(u8::from(word_problem(scan)));
+/// Words of the final question the tagger reads.
+pub const HASHED_WORDS: usize = 64;
+
+const C_OTHER: u8 = 0;
+const C_WORD: u8 = 1; // letters and '
+const C_DIGIT: u8 = 2;
+const C_CODE: u8 = 4; // {}[]();<>_#\|`
+const C_MATH: u8 = 8; // +-*/^$%
+const C_BOTH: u8 = C_CODE | C_MATH; // =
+
+static CLASS: [u8; 128] = {
+    let mut t = [C_OTHER; 128];
+    let mut c = 0;
+    while c < 128 {
+        let b = c as u8;
+        t[c] = match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'\'' => C_WORD,
+            b'0'..=b'9' => C_DIGIT,
+            b'{' | b'}' | b'[' | b']' | b'(' | b')' | b';' | b'<' | b'>' | b'_' | b'#' | b'\\'
+            | b'|' | b'`' => C_CODE,
+            b'+' | b'-' | b'*' | b'/' | b'^' | b'$' | b'%' => C_MATH,
+            b'=' => C_BOTH,
+            _ => C_OTHER,
+        };
+        c += 1;
+    }
+    t
+};
+
+/// Whether a trimmed line starts like a multiple-choice option: `^\(?[A-Ja-j][).:]\s`.
+fn is_option_line(line: &str) -> bool {
+    let t = line.trim();
+    let b = t.as_bytes();
+    let i = usize::from(b.first() == Some(&b'('));
+    let letter = b
+        .get(i)
+        .is_some_and(|c| matches!(c, b'A'..=b'J' | b'a'..=b'j'));
+    let mark = b
+        .get(i + 1)
+        .is_some_and(|c| matches!(c, b')' | b'.' | b':'));
+    letter && mark && t[i + 2..].chars().next().is_some_and(char::is_whitespace)
+}
+
+/// The dense features of `q`, in [`DENSE_NAMES`] order.
+pub fn dense(q: &str) -> [f32; DENSE] {
+    if q.is_ascii() {
+        dense_ascii(q)
+    } else {
+        dense_unicode(q)
+    }
+}
+
+/// How many bytes of `b` satisfy `f`: a loop the compiler vectorises (a generic `f`, so inlined).
+/// Counts in u8 lanes over chunks of 255 bytes, so that the vector lanes are bytes.
+#[inline]
+fn count(b: &[u8], f: impl Fn(u8) -> bool + Copy) -> usize {
+    b.chunks(255)
+        .map(|chunk| {
+            let n: u8 = chunk
+                .iter()
+                .fold(0u8, |n, c| n.wrapping_add(u8::from(f(*c))));
+            usize::from(n)
+        })
+        .sum()
+}
+
+/// [`dense`] of ASCII text: each count a simple loop the compiler vectorises, numbers and lines
+/// by the runs and line breaks alone.
+fn dense_ascii(q: &str) -> [f32; DENSE] {
+    let b = q.as_bytes();
+    let is_word = |c: u8| c.is_ascii_alphanumeric() || c == b'\'';
+    let digits = count(b, |c| c.is_ascii_digit());
+    let upper = count(b, |c| c.is_ascii_uppercase());
+    let code = count(b, |c| {
+        matches!(
+            c,
+            b'{' | b'}'
+                | b'['
+                | b']'
+                | b'('
+                | b')'
+                | b';'
+                | b'<'
+                | b'>'
+                | b'_'
+                | b'#'
+                | b'\\'
+                | b'|'
+                | b'`'
+                | b'='
+        )
+    });
+    let math = count(b, |c| {
+        matches!(c, b'+' | b'-' | b'*' | b'/' | b'^' | b'$' | b'%' | b'=')
+    });
+    let qmarks = count(b, |c| c == b'?');
+    let word_bytes = count(b, is_word);
+    let words = usize::from(b.first().is_some_and(|c| is_word(*c)))
+        + b.windows(2)
+            .map(|w| usize::from(is_word(w[1]) & !is_word(w[0])))
+            .sum::<usize>();
+    // `\d+(?:[.,]\d+)?`: a digit run right after `[.,]` after a run that started a number
+    // continues it.
+    let (mut numbers, mut i, mut prev_end, mut prev_cont) = (0, 0, usize::MAX, false);
+    while i < b.len() {
+        if !b[i].is_ascii_digit() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        let cont = !prev_cont
+            && start >= 2
+            && prev_end == start - 1
+            && matches!(b[start - 1], b'.' | b',');
+        numbers += usize::from(!cont);
+        (prev_end, prev_cont) = (i, cont);
+    }
+    let (mut lines, mut max_line, mut options) = (0usize, 0usize, 0usize);
+    for line in q.split('\n') {
+        lines += 1;
+        max_line = max_line.max(line.len());
+        options += usize::from(is_option_line(line));
+    }
+    let n = b.len().max(1) as f32;
+    let ln = |x: usize| (x as f32).ln_1p();
     [
-        ln(scan.bytes),
-        ln(scan.words),
-        ln(scan.nonempty_lines),
-        scan.question_marks.min(5) as f32,
-        capped(Marker::WhWord, 3),
-        capped(Marker::Instruction, 3),
-        capped(Marker::Reasoning, 5),
-        capped(Marker::MultiStep, 5),
-        capped(Marker::Constraint, 5),
-        capped(Marker::Simple, 3),
-        code::score(scan).0,
-        math::score(scan).0,
-        scan.per_byte(scan.digits),
-        if scan.letters == 0 {
-            0.0
-        } else {
-            scan.uppercase as f32 / scan.letters as f32
-        },
-        scan.per_byte(scan.non_ascii),
-        scan.per_byte(scan.code_symbols),
-        scan.per_byte(scan.math_ops),
-        scan.arithmetic.min(10) as f32,
-        capped(Marker::Latex, 5),
-        scan.list_lines.min(10) as f32,
-        scan.choice_lines.min(6) as f32,
-        if scan.choice_lines >= 3 { 1.0 } else { 0.0 },
-        ln(scan.sentences),
-        if scan.words == 0 {
-            0.0
-        } else {
-            (scan.letters as f32 / scan.words as f32).min(20.0)
-        },
-        ln(view.turns),
-        if view.has_system { 1.0 } else { 0.0 },
-        ln(context_bytes),
-        capped(Marker::MathWord, 10),
-        ln(scan.digits),
-        ln(quantities),
-        ln(scan.commas),
-        parts,
-        comparatives,
-        wp,
-        wp * ln(scan.bytes),
-        wp * ln(scan.sentences),
-        wp * ln(scan.commas),
-        wp * ln(quantities),
-        wp * parts,
-        wp * comparatives,
+        ln(b.len()),
+        ln(words),
+        ln(lines),
+        ln(qmarks),
+        digits as f32 / n,
+        upper as f32 / n,
+        0.0,
+        code as f32 / n,
+        math as f32 / n,
+        ln(numbers),
+        word_bytes as f32 / words.max(1) as f32,
+        options.min(10) as f32 / 10.0,
+        ln(max_line),
     ]
 }
 
-/// A math word problem: at least two quantities, asked as a question or with math words, and not a
-/// multiple-choice item, code or LaTeX.
-pub(crate) fn word_problem(scan: &Scan) -> bool {
-    scan.numbers + scan.marker(Marker::NumberWord) >= 2
-        && (scan.question_marks > 0 || scan.marker(Marker::MathWord) > 0)
-        && scan.choice_lines < 3
-        && scan.fences == 0
-        && scan.code_lines == 0
-        && scan.marker(Marker::Latex) == 0
+/// [`dense`] of any text, character by character.
+fn dense_unicode(q: &str) -> [f32; DENSE] {
+    let b = q.as_bytes();
+    let (mut chars, mut digits, mut upper, mut non_ascii) = (0usize, 0usize, 0usize, 0usize);
+    let (mut code, mut math, mut qmarks) = (0usize, 0usize, 0usize);
+    let (mut words, mut word_bytes, mut numbers) = (0usize, 0usize, 0usize);
+    let (mut lines, mut max_line, mut line_chars, mut options) = (1usize, 0usize, 0usize, 0usize);
+    let mut line_start = 0;
+    let mut in_word = false;
+    // The number being read: `\d+` then at most one `[.,]\d+`.
+    #[derive(PartialEq)]
+    enum Num {
+        Out,
+        Int,
+        Sep,
+        Frac,
+    }
+    let mut num = Num::Out;
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        let (is_word, is_digit);
+        if c < 0x80 {
+            chars += 1;
+            line_chars += 1;
+            let k = CLASS[c as usize];
+            is_digit = k == C_DIGIT;
+            is_word = k & (C_WORD | C_DIGIT) != 0;
+            digits += usize::from(is_digit);
+            upper += usize::from(c.is_ascii_uppercase());
+            code += usize::from(k & C_CODE != 0);
+            math += usize::from(k & C_MATH != 0);
+            qmarks += usize::from(c == b'?');
+            if c == b'\n' {
+                max_line = max_line.max(line_chars - 1);
+                options += usize::from(is_option_line(&q[line_start..i]));
+                line_chars = 0;
+                line_start = i + 1;
+                lines += 1;
+            }
+            i += 1;
+        } else {
+            let ch = q[i..].chars().next().expect("i is on a char boundary");
+            i += ch.len_utf8();
+            chars += 1;
+            line_chars += 1;
+            non_ascii += 1;
+            is_word = false;
+            // Python's isdigit (superscripts count) for the share, `\d` (Nd) for numbers.
+            digits += usize::from(ch.is_numeric());
+            is_digit = ch.is_number_decimal_digit();
+            upper += usize::from(ch.is_uppercase());
+        }
+        if is_word {
+            if !in_word {
+                words += 1;
+            }
+            word_bytes += 1;
+        }
+        in_word = is_word;
+        num = match (num, is_digit) {
+            (Num::Out, true) => {
+                numbers += 1;
+                Num::Int
+            }
+            (Num::Int, true) => Num::Int,
+            (Num::Int, false) if matches!(c, b'.' | b',') => Num::Sep,
+            (Num::Sep, true) | (Num::Frac, true) => Num::Frac,
+            // Anything else ends the number (a separator not followed by a digit is not part of it).
+            (_, false) => Num::Out,
+        };
+    }
+    max_line = max_line.max(line_chars);
+    options += usize::from(is_option_line(&q[line_start..]));
+    let n = chars.max(1) as f32;
+    let ln = |x: usize| (x as f32).ln_1p();
+    [
+        ln(b.len()),
+        ln(words),
+        ln(lines),
+        ln(qmarks),
+        digits as f32 / n,
+        upper as f32 / n,
+        non_ascii as f32 / n,
+        code as f32 / n,
+        math as f32 / n,
+        ln(numbers),
+        word_bytes as f32 / words.max(1) as f32,
+        options.min(10) as f32 / 10.0,
+        ln(max_line),
+    ]
 }
 
-/// Words of the last turn beyond this many add no hashed features: the cost stays bounded and the
-/// question's wording sits well within it.
-pub const MAX_HASHED_WORDS: usize = 512;
-
-const UNIGRAM_SEED: u64 = 0x6b69_6e66_0001;
-const BIGRAM_SEED: u64 = 0x6b69_6e66_0002;
-
-/// Calls `f(bucket, value)` for every hashed unigram and word pair of the last turn (the scan's
-/// word hashes), with signed feature hashing into `2^hash_bits` buckets and values scaled by
-/// `1/sqrt(count)`.
-pub(crate) fn hashed(scan: &Scan, hash_bits: u32, mut f: impl FnMut(usize, f32)) {
-    let mask = (1u64 << hash_bits) - 1;
-    let hashes = &scan.word_hashes;
-    let n = hashes.len();
-    if n == 0 {
-        return;
+/// FNV-1a, 32 bits, over lower-cased ASCII bytes.
+fn fnv1a32(prefix: &[u8], word: &[u8]) -> u32 {
+    let mut h = 0x811C_9DC5u32;
+    for &c in prefix.iter().chain(word) {
+        h ^= u32::from(c.to_ascii_lowercase());
+        h = h.wrapping_mul(0x0100_0193);
     }
-    let count = (2 * n - 1) as f32;
-    let scale = 1.0 / count.sqrt();
-    let mut emit = |h: u64| {
-        let bucket = (h & mask) as usize;
-        let sign = if h >> 63 == 0 { 1.0 } else { -1.0 };
-        f(bucket, sign * scale);
+    h
+}
+
+/// The tagger's lexical features: the first [`HASHED_WORDS`] words, each adding 1 to bucket
+/// `fnv1a32(word) % 4096`, the first two also as `^word`; L2-normalised. Returned as (bucket,
+/// value) pairs, a bucket once.
+pub fn hashed_words(q: &str) -> Vec<(u16, f32)> {
+    let mut counts: Vec<(u16, f32)> = Vec::with_capacity(HASHED_WORDS + 2);
+    let mut add = |bucket: u32| {
+        let bucket = (bucket % HASH_BUCKETS as u32) as u16;
+        match counts.iter_mut().find(|(b, _)| *b == bucket) {
+            Some((_, n)) => *n += 1.0,
+            None => counts.push((bucket, 1.0)),
+        }
     };
-    for (i, &h) in hashes.iter().enumerate() {
-        emit(mix(h, UNIGRAM_SEED));
-        if let Some(&next) = hashes.get(i + 1) {
-            emit(mix(mix(h, next), BIGRAM_SEED));
+    let b = q.as_bytes();
+    let mut n = 0;
+    let mut i = 0;
+    while i < b.len() && n < HASHED_WORDS {
+        if CLASS
+            .get(b[i] as usize)
+            .is_some_and(|k| k & (C_WORD | C_DIGIT) != 0)
+        {
+            let start = i;
+            while i < b.len()
+                && CLASS
+                    .get(b[i] as usize)
+                    .is_some_and(|k| k & (C_WORD | C_DIGIT) != 0)
+            {
+                i += 1;
+            }
+            let w = &b[start..i];
+            add(fnv1a32(b"", w));
+            if n < 2 {
+                add(fnv1a32(b"^", w));
+            }
+            n += 1;
+        } else {
+            i += 1;
         }
     }
-}
-
-/// A sparse copy of the hashed features, for training and explanations.
-pub(crate) fn hashed_sparse(scan: &Scan, hash_bits: u32) -> Vec<(u32, f32)> {
-    let mut v = Vec::new();
-    hashed(scan, hash_bits, |b, x| v.push((b as u32, x)));
-    v
+    let norm = counts.iter().map(|(_, v)| v * v).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        for (_, v) in &mut counts {
+            *v /= norm;
+        }
+    }
+    counts
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Limits, Prompt};
 
     #[test]
-    fn dense_reflects_shape() {
-        let text = "Which is a prime?\nA. 4\nB. 6\nC. 7\nD. 9\nAnswer:";
-        let view = View::new(Prompt::Completion(text), Limits::default());
-        let d = dense(&view, &Scan::new(view.last_turn()));
-        let get = |name: &str| d[DENSE_NAMES.iter().position(|n| *n == name).unwrap()];
-        assert_eq!(get("multiple_choice"), 1.0);
-        assert_eq!(get("choice_lines"), 4.0);
-        assert_eq!(get("question_marks"), 1.0);
-        assert_eq!(get("wh_words"), 1.0);
-        assert_eq!(get("has_system_prompt"), 0.0);
-        assert_eq!(get("word_problem"), 0.0);
-        assert_eq!(get("wp_log_bytes"), 0.0);
-    }
-
-    #[test]
-    fn word_problem_features() {
-        let text = "Janet's ducks lay 16 eggs per day. She eats three for breakfast and sells half \
-                    of the rest for $2 each, twice as many as Bob. How much does she make?";
-        let view = View::new(Prompt::Completion(text), Limits::default());
-        let scan = Scan::new(view.last_turn());
-        let d = dense(&view, &scan);
-        let get = |name: &str| d[DENSE_NAMES.iter().position(|n| *n == name).unwrap()];
-        assert_eq!(get("word_problem"), 1.0);
-        // 16, 2 and "three".
-        assert!((get("log_quantities") - 3f32.ln_1p()).abs() < 1e-6);
-        assert!((get("wp_log_quantities") - 3f32.ln_1p()).abs() < 1e-6);
-        assert_eq!(get("fractions_percents"), 1.0); // "half"
-        assert_eq!(get("comparatives"), 1.0); // "twice"
-        assert!((get("wp_log_bytes") - (text.len() as f32).ln_1p()).abs() < 1e-6);
-        assert!((get("log_commas") - 1f32.ln_1p()).abs() < 1e-6);
-    }
-
-    #[test]
-    fn hashed_counts_unigrams_and_pairs() {
-        let v = hashed_sparse(&Scan::new(["one two three"]), 14);
-        assert_eq!(v.len(), 5);
-        for (b, x) in &v {
-            assert!(*b < 1 << 14);
-            assert!((x.abs() - 1.0 / 5f32.sqrt()).abs() < 1e-6);
+    fn dense_features_match_the_reference() {
+        // kclassify.dense_features on the same string.
+        let q = "Tom has 1,250 marbles (3.5 kg)?\nA. yes\nB) no\n  (c) \u{dc}ber-gr\u{f6}\u{df}e \u{b2}";
+        let expected = [
+            4.219508,
+            2.833213,
+            1.609438,
+            std::f32::consts::LN_2,
+            0.111111,
+            0.063492,
+            0.063492,
+            0.079365,
+            0.015873,
+            1.098612,
+            2.1875,
+            0.3,
+            3.465736,
+        ];
+        for (i, (got, want)) in dense(q).iter().zip(expected).enumerate() {
+            assert!(
+                (got - want).abs() < 1e-5,
+                "{}: {got} vs {want}",
+                DENSE_NAMES[i]
+            );
         }
-        // Case does not change the features.
-        assert_eq!(hashed_sparse(&Scan::new(["ONE Two three"]), 14), v);
+    }
+
+    #[test]
+    fn the_ascii_path_equals_the_general_one() {
+        for q in [
+            "Tom has 1,250 marbles (3.5 kg)?\nA. yes\nB) no\n  (c) x",
+            "1,250,000 and 3.14.15, a1b22c; 5. and 6,\n\nx = {y[0]} + 2^3 % 4 $5 #tag |pipe| `c`",
+            "",
+            "\n\n",
+            "'quoted' it's don't",
+        ] {
+            assert_eq!(dense_ascii(q), dense_unicode(q), "{q:?}");
+        }
+    }
+
+    #[test]
+    fn numbers_take_one_separator() {
+        let count = |s: &str| (dense(s)[9].exp() - 1.0).round() as usize;
+        assert_eq!(count("1,250,000"), 2);
+        assert_eq!(count("3.14.15"), 2);
+        assert_eq!(count("a1b22c"), 2);
+        assert_eq!(count("5. and 6,"), 2);
+        assert_eq!(count("no digits"), 0);
+        assert_eq!(count("٣٤ and 12"), 2);
+    }
+
+    #[test]
+    fn hashed_words_are_normalised_counts() {
+        // evaluate.hashed_words on the same string.
+        let mut h = hashed_words("The the cat sat; the END");
+        h.sort_by_key(|(b, _)| *b);
+        assert_eq!(
+            h,
+            [
+                (540, 0.75),
+                (727, 0.25),
+                (1450, 0.25),
+                (2528, 0.5),
+                (3079, 0.25)
+            ]
+        );
+        assert_eq!(fnv1a32(b"", b"a"), 0xE40C_292C);
+        assert!(hashed_words("").is_empty());
+        assert_eq!(hashed_words(&"w ".repeat(100)).len(), 2);
     }
 }

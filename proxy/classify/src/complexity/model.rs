@@ -1,171 +1,294 @@
-//! The complexity model: logistic regression over standardised dense features and hashed word
-//! pairs, with weights loaded once from the JSON file the training command writes.
+//! The compiled-in weights of the complexity design, read once and validated.
+//!
+//! Three files from `scripts/classify/evaluate.py --export` (provenance in `model/README.md`):
+//! the family tagger, the score's head with its isotonic calibration, and the level rule with
+//! the measured weak/strong ratios and the confidence calibration. A file whose shapes or names
+//! do not match this build is refused with a precise error, so a stale export cannot load.
 
-use super::features::{self, DENSE, DENSE_NAMES};
-use crate::{definition::Thresholds, input::View, scan::Scan, tag::sigmoid};
-use serde::{Deserialize, Serialize};
+use super::features::{DENSE, DENSE_NAMES, HASH_BUCKETS};
+use crate::static_embedding::DIMS;
+use serde::Deserialize;
+use std::collections::BTreeMap;
 
-/// The weights file, `proxy/classify/model/complexity-v1.json`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Model {
-    pub version: u32,
-    pub hash_bits: u32,
-    pub dense_names: Vec<String>,
-    pub dense_mean: Vec<f32>,
-    pub dense_std: Vec<f32>,
-    pub dense_weights: Vec<f32>,
-    pub bias: f32,
-    pub hashed_weights: Vec<f32>,
-    /// Default level thresholds, calibrated on the training split; a resource's thresholds override.
-    pub thresholds: Thresholds,
-    /// How the weights were produced (split rule, rows, calibration facts), for the record.
-    #[serde(default)]
-    pub training: serde_json::Value,
-}
+/// The families the tagger tells apart, in the weights' order.
+pub const FAMILIES: [&str; 9] = [
+    "chat",
+    "code",
+    "extraction",
+    "long-context-qa",
+    "math",
+    "reasoning",
+    "translation",
+    "trivia",
+    "writing",
+];
 
 /// Why a weights file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("invalid weights JSON: {0}")]
-    Json(#[from] serde_json::Error),
-    #[error("weights file has {found} dense features {names:?}; this build computes {DENSE}")]
-    DenseMismatch { found: usize, names: Vec<String> },
-    #[error("weights file has {found} hashed weights; hash_bits {bits} needs {expected}")]
-    HashedMismatch {
-        found: usize,
-        bits: u32,
-        expected: usize,
+    #[error("{file}: invalid JSON: {error}")]
+    Json {
+        file: &'static str,
+        error: serde_json::Error,
     },
-    #[error("weights file has hash_bits {0}; supported are 8 to 24")]
-    HashBits(u32),
-    #[error("weights file thresholds {low} / {high} are not 0 <= low <= high <= 1")]
-    Thresholds { low: f32, high: f32 },
-    #[error("weights file holds a non-finite number")]
-    NotFinite,
+    #[error("{file}: {message}")]
+    Shape { file: &'static str, message: String },
 }
 
-/// What drove one score.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Scored {
-    pub probability: f32,
-    pub logit: f32,
-    /// Per dense feature, its contribution to the logit.
-    pub dense: [f32; DENSE],
-    /// Per hashed bucket touched, its summed contribution.
-    pub hashed: Vec<(u32, f32)>,
+fn shape(file: &'static str, message: impl Into<String>) -> ModelError {
+    ModelError::Shape {
+        file,
+        message: message.into(),
+    }
 }
 
-impl Model {
+/// A monotone piecewise-linear map (an isotonic fit's thresholds), clamped at both ends as
+/// `numpy.interp` is.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct Piecewise {
+    pub x: Vec<f32>,
+    pub y: Vec<f32>,
+}
+
+impl Piecewise {
+    fn check(&self, file: &'static str, what: &str) -> Result<(), ModelError> {
+        let ok = !self.x.is_empty()
+            && self.x.len() == self.y.len()
+            && self.x.windows(2).all(|w| w[0] <= w[1])
+            && self.x.iter().chain(&self.y).all(|v| v.is_finite())
+            && self.y.iter().all(|v| (0.0..=1.0).contains(v));
+        if ok {
+            Ok(())
+        } else {
+            Err(shape(
+                file,
+                format!("{what}: x must be sorted, as long as y, with y in [0, 1]"),
+            ))
+        }
+    }
+
+    pub fn at(&self, v: f32) -> f32 {
+        let (x, y) = (&self.x, &self.y);
+        if v <= x[0] {
+            return y[0];
+        }
+        let last = x.len() - 1;
+        if v >= x[last] {
+            return y[last];
+        }
+        // The first point strictly above v; x[i - 1] <= v < x[i].
+        let i = x.partition_point(|p| *p <= v);
+        let (x0, x1, y0, y1) = (x[i - 1], x[i], y[i - 1], y[i]);
+        if x1 > x0 {
+            y0 + (y1 - y0) * (v - x0) / (x1 - x0)
+        } else {
+            y1
+        }
+    }
+}
+
+/// `family-tagger-v1.json`: a multinomial logistic regression over [embedding, hashed words].
+#[derive(Debug)]
+pub struct Tagger {
+    pub embedding: [[f32; DIMS]; FAMILIES.len()],
+    /// Per bucket, the weight of each family (transposed from the file, so that one bucket's
+    /// weights share a cache line).
+    pub hashed: Box<[[f32; FAMILIES.len()]]>,
+    pub bias: [f32; FAMILIES.len()],
+}
+
+#[derive(Deserialize)]
+struct TaggerFile {
+    format: String,
+    tags: Vec<String>,
+    embedding_dims: usize,
+    hash_buckets: usize,
+    weights_embedding: Vec<Vec<f32>>,
+    weights_hashed: Vec<Vec<f32>>,
+    bias: Vec<f32>,
+}
+
+impl Tagger {
     pub fn from_json(bytes: &[u8]) -> Result<Self, ModelError> {
-        let m: Self = serde_json::from_slice(bytes)?;
-        m.validate()?;
-        Ok(m)
-    }
-
-    fn validate(&self) -> Result<(), ModelError> {
-        if self.dense_names.len() != DENSE
-            || self
-                .dense_names
-                .iter()
-                .zip(DENSE_NAMES)
-                .any(|(a, b)| a != b)
-            || self.dense_mean.len() != DENSE
-            || self.dense_std.len() != DENSE
-            || self.dense_weights.len() != DENSE
+        const F: &str = "family-tagger-v1.json";
+        let f: TaggerFile =
+            serde_json::from_slice(bytes).map_err(|error| ModelError::Json { file: F, error })?;
+        if f.format != "kinference-family-tagger-v1" {
+            return Err(shape(F, format!("format {:?}", f.format)));
+        }
+        if f.tags != FAMILIES {
+            return Err(shape(
+                F,
+                format!("tags {:?}; this build knows {FAMILIES:?}", f.tags),
+            ));
+        }
+        if f.embedding_dims != DIMS || f.hash_buckets != HASH_BUCKETS {
+            return Err(shape(
+                F,
+                format!(
+                    "{} dims and {} buckets; this build computes {DIMS} and {HASH_BUCKETS}",
+                    f.embedding_dims, f.hash_buckets
+                ),
+            ));
+        }
+        let rows_ok = |w: &Vec<Vec<f32>>, n: usize| {
+            w.len() == FAMILIES.len() && w.iter().all(|r| r.len() == n)
+        };
+        if !rows_ok(&f.weights_embedding, DIMS)
+            || !rows_ok(&f.weights_hashed, HASH_BUCKETS)
+            || f.bias.len() != FAMILIES.len()
         {
-            return Err(ModelError::DenseMismatch {
-                found: self.dense_names.len(),
-                names: self.dense_names.clone(),
-            });
+            return Err(shape(F, "weights of the wrong shape"));
         }
-        if !(8..=24).contains(&self.hash_bits) {
-            return Err(ModelError::HashBits(self.hash_bits));
-        }
-        let expected = 1usize << self.hash_bits;
-        if self.hashed_weights.len() != expected {
-            return Err(ModelError::HashedMismatch {
-                found: self.hashed_weights.len(),
-                bits: self.hash_bits,
-                expected,
-            });
-        }
-        let Thresholds { low, high } = self.thresholds;
-        if !(0.0 <= low && low <= high && high <= 1.0) {
-            return Err(ModelError::Thresholds { low, high });
-        }
-        let all = self
-            .dense_mean
+        let all = f
+            .weights_embedding
             .iter()
-            .chain(&self.dense_std)
-            .chain(&self.dense_weights)
-            .chain(&self.hashed_weights)
-            .chain([&self.bias]);
-        if all.into_iter().any(|x| !x.is_finite()) || self.dense_std.iter().any(|s| *s <= 0.0) {
-            return Err(ModelError::NotFinite);
+            .chain(&f.weights_hashed)
+            .flatten()
+            .chain(&f.bias);
+        if all.into_iter().any(|w| !w.is_finite()) {
+            return Err(shape(F, "a weight is not finite"));
         }
-        Ok(())
+        Ok(Self {
+            embedding: std::array::from_fn(|c| std::array::from_fn(|j| f.weights_embedding[c][j])),
+            hashed: (0..HASH_BUCKETS)
+                .map(|b| std::array::from_fn(|c| f.weights_hashed[c][b]))
+                .collect(),
+            bias: std::array::from_fn(|c| f.bias[c]),
+        })
     }
+}
 
-    /// Standardises a dense vector in place.
-    pub fn standardise(&self, x: &mut [f32; DENSE]) {
-        for ((x, m), s) in x.iter_mut().zip(&self.dense_mean).zip(&self.dense_std) {
-            *x = (*x - m) / s;
+/// `complexity-head-v2.json`: the score, P(the prompt needs the strong model).
+#[derive(Debug)]
+pub struct Head {
+    pub mean: [f32; DIMS + DENSE],
+    pub std: [f32; DIMS + DENSE],
+    pub weights: [f32; DIMS + DENSE],
+    pub bias: f32,
+    /// Isotonic calibration of the logistic output, fitted on out-of-family scores.
+    pub calibration: Piecewise,
+}
+
+#[derive(Deserialize)]
+struct HeadFile {
+    format: String,
+    embedding_dims: usize,
+    dense: Vec<String>,
+    mean: Vec<f32>,
+    std: Vec<f32>,
+    weights: Vec<f32>,
+    bias: f32,
+    calibration: Piecewise,
+}
+
+impl Head {
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ModelError> {
+        const F: &str = "complexity-head-v2.json";
+        let f: HeadFile =
+            serde_json::from_slice(bytes).map_err(|error| ModelError::Json { file: F, error })?;
+        if f.format != "kinference-complexity-head-v2" {
+            return Err(shape(F, format!("format {:?}", f.format)));
         }
+        if f.embedding_dims != DIMS || f.dense != DENSE_NAMES {
+            return Err(shape(
+                F,
+                format!(
+                    "{} dims and dense features {:?}; this build computes {DIMS} and {DENSE_NAMES:?}",
+                    f.embedding_dims, f.dense
+                ),
+            ));
+        }
+        let n = DIMS + DENSE;
+        if f.mean.len() != n || f.std.len() != n || f.weights.len() != n {
+            return Err(shape(F, format!("mean, std and weights need {n} values")));
+        }
+        let finite = f.mean.iter().chain(&f.weights).chain([&f.bias]);
+        if finite.into_iter().any(|v| !v.is_finite())
+            || f.std.iter().any(|s| !(s.is_finite() && *s > 0.0))
+        {
+            return Err(shape(F, "a value is not finite (or a std not positive)"));
+        }
+        f.calibration.check(F, "calibration")?;
+        let arr = |v: &[f32]| std::array::from_fn(|i| v[i]);
+        Ok(Self {
+            mean: arr(&f.mean),
+            std: arr(&f.std),
+            weights: arr(&f.weights),
+            bias: f.bias,
+            calibration: f.calibration,
+        })
     }
+}
 
-    /// P(the prompt needs the strong model) for a prompt read under `limits`: the same score the
-    /// classifier set computes, for evaluating a weights file that is not compiled in.
-    pub fn score_prompt(&self, prompt: crate::Prompt<'_>, limits: crate::Limits) -> f32 {
-        let view = View::new(prompt, limits);
-        let scan = Scan::new(view.last_turn());
-        self.score(&view, &scan)
-    }
+/// `levels-v2.json`: the level rule and the confidence calibration.
+#[derive(Debug)]
+pub struct Levels {
+    /// Final questions of at most this many tokens are `low` whatever their family.
+    pub small_request_tokens: usize,
+    pub low_ratio: f32,
+    pub high_ratio: f32,
+    /// The measured weak/strong quality ratio of each family (`None`: unmeasured).
+    pub family_ratio: [Option<f32>; FAMILIES.len()],
+    /// Per level (low, medium, high), the map from the level's tag-probability mass to the
+    /// probability that its promise holds.
+    pub confidence: [Piecewise; 3],
+}
 
-    /// P(the prompt needs the strong model).
-    pub(crate) fn score(&self, view: &View<'_>, scan: &Scan) -> f32 {
-        let mut x = features::dense(view, scan);
-        self.standardise(&mut x);
-        let mut logit = self.bias;
-        for (x, w) in x.iter().zip(&self.dense_weights) {
-            logit += x * w;
-        }
-        features::hashed(scan, self.hash_bits, |b, v| {
-            logit += self.hashed_weights[b] * v
-        });
-        sigmoid(logit)
-    }
+#[derive(Deserialize)]
+struct LevelsFile {
+    format: String,
+    small_request_tokens: f32,
+    low_ratio: f32,
+    high_ratio: f32,
+    family_ratio: BTreeMap<String, Option<f32>>,
+    confidence: ConfidenceFile,
+}
 
-    /// The score with every contribution, for explanations. The logit is summed in the same order
-    /// as [`Self::score`], so the probability (and so the tag) is bit-for-bit the same.
-    pub(crate) fn score_explained(&self, view: &View<'_>, scan: &Scan) -> Scored {
-        let mut x = features::dense(view, scan);
-        self.standardise(&mut x);
-        let mut logit = self.bias;
-        let mut dense = [0.0; DENSE];
-        for (i, (x, w)) in x.iter().zip(&self.dense_weights).enumerate() {
-            logit += x * w;
-            dense[i] = x * w;
+#[derive(Deserialize)]
+struct ConfidenceFile {
+    low: Piecewise,
+    medium: Piecewise,
+    high: Piecewise,
+}
+
+impl Levels {
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ModelError> {
+        const F: &str = "levels-v2.json";
+        let f: LevelsFile =
+            serde_json::from_slice(bytes).map_err(|error| ModelError::Json { file: F, error })?;
+        if f.format != "kinference-levels-v2" {
+            return Err(shape(F, format!("format {:?}", f.format)));
         }
-        let mut hashed: Vec<(u32, f32)> = Vec::new();
-        features::hashed(scan, self.hash_bits, |b, v| {
-            logit += self.hashed_weights[b] * v;
-            hashed.push((b as u32, self.hashed_weights[b] * v))
-        });
-        hashed.sort_by_key(|(b, _)| *b);
-        hashed.dedup_by(|a, b| {
-            if a.0 == b.0 {
-                b.1 += a.1;
-                true
-            } else {
-                false
-            }
-        });
-        Scored {
-            probability: sigmoid(logit),
-            logit,
-            dense,
-            hashed,
+        if f.family_ratio.len() != FAMILIES.len()
+            || FAMILIES
+                .iter()
+                .any(|fam| !f.family_ratio.contains_key(*fam))
+        {
+            return Err(shape(
+                F,
+                format!("family_ratio must name exactly {FAMILIES:?}"),
+            ));
         }
+        let ratios_ok = 0.0 < f.high_ratio && f.high_ratio < f.low_ratio;
+        let gate_ok = f.small_request_tokens >= 0.0 && f.small_request_tokens.is_finite();
+        if !(ratios_ok && gate_ok) {
+            return Err(shape(
+                F,
+                "ratios must satisfy 0 < high < low; small_request_tokens >= 0",
+            ));
+        }
+        let c = f.confidence;
+        c.low.check(F, "confidence.low")?;
+        c.medium.check(F, "confidence.medium")?;
+        c.high.check(F, "confidence.high")?;
+        Ok(Self {
+            small_request_tokens: f.small_request_tokens as usize,
+            low_ratio: f.low_ratio,
+            high_ratio: f.high_ratio,
+            family_ratio: std::array::from_fn(|i| f.family_ratio[FAMILIES[i]]),
+            confidence: [c.low, c.medium, c.high],
+        })
     }
 }
 
@@ -173,72 +296,35 @@ impl Model {
 mod tests {
     use super::*;
 
-    fn model() -> Model {
-        Model {
-            version: 1,
-            hash_bits: 8,
-            dense_names: DENSE_NAMES.iter().map(|s| s.to_string()).collect(),
-            dense_mean: vec![0.0; DENSE],
-            dense_std: vec![1.0; DENSE],
-            dense_weights: vec![0.0; DENSE],
-            bias: 0.0,
-            hashed_weights: vec![0.0; 256],
-            thresholds: Thresholds {
-                low: 0.2,
-                high: 0.6,
-            },
-            training: serde_json::Value::Null,
-        }
-    }
-
     #[test]
-    fn round_trips_and_validates() {
-        let m = model();
-        let json = serde_json::to_vec(&m).unwrap();
-        assert_eq!(Model::from_json(&json).unwrap(), m);
-
-        let mut bad = model();
-        bad.hashed_weights.pop();
-        let json = serde_json::to_vec(&bad).unwrap();
-        let err = Model::from_json(&json).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "weights file has 255 hashed weights; hash_bits 8 needs 256"
-        );
-
-        let mut bad = model();
-        bad.thresholds = Thresholds {
-            low: 0.7,
-            high: 0.6,
+    fn piecewise_interpolates_and_clamps() {
+        let p = Piecewise {
+            x: vec![0.1, 0.2, 0.2, 0.5],
+            y: vec![0.0, 0.4, 0.6, 1.0],
         };
-        let err = Model::from_json(&serde_json::to_vec(&bad).unwrap()).unwrap_err();
-        assert!(matches!(err, ModelError::Thresholds { .. }));
-
-        let mut bad = model();
-        bad.dense_names[0] = "renamed".into();
-        let err = Model::from_json(&serde_json::to_vec(&bad).unwrap()).unwrap_err();
-        assert!(matches!(err, ModelError::DenseMismatch { .. }));
+        assert_eq!(p.at(0.0), 0.0);
+        assert!((p.at(0.15) - 0.2).abs() < 1e-6);
+        assert_eq!(p.at(0.2), 0.6);
+        assert!((p.at(0.35) - 0.8).abs() < 1e-6);
+        assert_eq!(p.at(0.9), 1.0);
     }
 
     #[test]
-    fn explained_score_equals_fast_score() {
-        let mut m = model();
-        for (i, w) in m.hashed_weights.iter_mut().enumerate() {
-            *w = (i as f32 * 0.37).sin();
-        }
-        for (i, w) in m.dense_weights.iter_mut().enumerate() {
-            *w = (i as f32 * 0.11).cos() * 0.1;
-        }
-        let view = View::new(
-            crate::Prompt::Completion(
-                "Prove that the square root of 2 is irrational, step by step.",
-            ),
-            crate::Limits::default(),
+    fn stale_files_are_refused() {
+        let err = Head::from_json(br#"{"format": "kinference-complexity-head-v1"}"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("complexity-head-v2.json: invalid JSON"),
+            "{err}"
         );
-        let scan = Scan::new(view.last_turn());
-        let fast = m.score(&view, &scan);
-        let explained = m.score_explained(&view, &scan);
-        assert_eq!(fast, explained.probability);
-        assert!(fast != 0.5);
+        let levels = br#"{"format": "kinference-levels-v2", "small_request_tokens": 12,
+            "low_ratio": 0.95, "high_ratio": 0.8, "family_ratio": {"chat": null},
+            "confidence": {"low": {"x": [0], "y": [1]}, "medium": {"x": [0], "y": [1]},
+                           "high": {"x": [0], "y": [1]}}}"#;
+        let err = Levels::from_json(levels).unwrap_err();
+        assert!(
+            err.to_string().contains("family_ratio must name exactly"),
+            "{err}"
+        );
     }
 }

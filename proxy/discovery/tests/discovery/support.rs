@@ -41,6 +41,8 @@ pub struct Script {
     pub requests: Mutex<Vec<dst::GetDestination>>,
     /// Every inference target received.
     pub targets: Mutex<Vec<InferenceTarget>>,
+    /// Every quality-guard report received.
+    pub guard_reports: watch::Sender<Vec<inf::GuardReport>>,
 }
 
 impl Script {
@@ -52,6 +54,7 @@ impl Script {
             active: watch::channel(BTreeMap::new()).0,
             requests: Mutex::new(Vec::new()),
             targets: Mutex::new(Vec::new()),
+            guard_reports: watch::channel(Vec::new()).0,
         })
     }
 }
@@ -162,6 +165,15 @@ impl inference_policies_server::InferencePolicies for Svc {
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.0.targets.lock().unwrap().push(req.into_inner());
         Ok(Response::new(watch_some(self.0.inference.subscribe())))
+    }
+
+    async fn report_guards(
+        &self,
+        req: Request<inf::GuardReport>,
+    ) -> Result<Response<inf::GuardReportAck>, Status> {
+        let report = req.into_inner();
+        self.0.guard_reports.send_modify(|r| r.push(report));
+        Ok(Response::new(inf::GuardReportAck {}))
     }
 }
 

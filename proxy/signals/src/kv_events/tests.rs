@@ -172,3 +172,68 @@ fn sequence_gaps_and_restarts_are_reported_before_the_batch() {
         [Err(KvEventError::Decode { seq: Some(1), .. })]
     ));
 }
+
+/// Established TCP connections whose remote port is `port`, from the kernel's tables: the
+/// subscriber's side of every connection to the publisher.
+#[cfg(target_os = "linux")]
+fn connections_to(port: u16) -> usize {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .flat_map(|table| table.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .filter(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let remote_port = cols
+                .get(2)
+                .and_then(|addr| addr.rsplit(':').next())
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            // State 01 is ESTABLISHED.
+            remote_port == Some(port) && cols.get(3) == Some(&"01")
+        })
+        .count()
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_reconnects_close_the_socket_they_replace() {
+    use zeromq::{Socket, SocketSend};
+
+    let mut publisher = zeromq::PubSocket::new();
+    let bound = publisher.bind("tcp://127.0.0.1:0").await.unwrap();
+    let port = match bound {
+        zeromq::Endpoint::Tcp(_, port) => port,
+        other => panic!("bound {other:?}"),
+    };
+    let mut config = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"), "kv");
+    config.idle_reconnect = Duration::from_millis(50);
+    let mut rx = subscribe_kv_events_with(config);
+
+    // Twenty idle periods: each one replaces the subscription.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let open = connections_to(port);
+    assert!(
+        open <= 1,
+        "{open} connections to the publisher after 20 idle reconnects"
+    );
+
+    // The subscription still works after all that.
+    let delivered = async {
+        let mut seq = 0u64;
+        loop {
+            publisher
+                .send(frames("kv", seq, sim_batch()))
+                .await
+                .unwrap();
+            seq += 1;
+            if let Ok(Some(Ok(events))) =
+                tokio::time::timeout(Duration::from_millis(20), rx.recv()).await
+            {
+                return events;
+            }
+        }
+    };
+    let events = tokio::time::timeout(Duration::from_secs(10), delivered)
+        .await
+        .expect("a message arrives after the reconnects");
+    assert_eq!(events.len(), 3);
+}

@@ -82,6 +82,7 @@ fn current_names() {
             num_gpu_blocks: Some(27306),
             running_lora_adapters: vec!["sql-lora".into(), "chat-lora".into()],
             max_lora: Some(2),
+            ..VllmMetrics::default()
         }
     );
 }
@@ -104,7 +105,33 @@ fn old_names() {
             num_gpu_blocks: Some(4096),
             running_lora_adapters: vec![],
             max_lora: None,
+            ..VllmMetrics::default()
         }
+    );
+}
+
+/// vLLM 0.32's split of the waiting queue (recorded from real vLLM 0.32.0 in
+/// `tests/fixtures/vllm-0.32.0`), summed per reason over data-parallel engines.
+#[test]
+fn waiting_by_reason_is_read_per_reason_and_summed_over_engines() {
+    let text = r#"# HELP vllm:num_requests_waiting_by_reason Number of waiting requests by reason.
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="capacity"} 4.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="deferred"} 1.0
+vllm:num_requests_waiting_by_reason{engine="1",model_name="tiny",reason="capacity"} 2.0
+vllm:num_requests_waiting_by_reason{engine="1",model_name="tiny",reason="deferred"} 0.0
+"#;
+    let m = parse_vllm_metrics(text).unwrap();
+    let want: BTreeMap<String, f64> = [("capacity".to_string(), 6.0), ("deferred".into(), 1.0)]
+        .into_iter()
+        .collect();
+    assert_eq!(m.num_requests_waiting_by_reason, want);
+    // An exposition before vLLM 0.32 has no such family: the map stays empty.
+    assert!(
+        parse_vllm_metrics(OLD)
+            .unwrap()
+            .num_requests_waiting_by_reason
+            .is_empty()
     );
 }
 

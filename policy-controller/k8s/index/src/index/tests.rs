@@ -576,13 +576,12 @@ fn unknown_kinds_are_skipped_and_bad_manifests_are_errors() {
         "{apiVersion: inference.networking.k8s.io/v1, kind: InferencePool, metadata: {name: x}, spec: {targetPorts: 3}}",
     )
     .unwrap();
-    assert!(matches!(
-        Resource::from_yaml(bad, NS),
-        Err(crate::resource::ManifestError::Invalid {
-            kind: "InferencePool",
-            ..
-        })
-    ));
+    let err = Resource::from_yaml(bad, NS).unwrap_err();
+    assert!(
+        matches!(&err, crate::resource::ManifestError::Invalid { kind: "InferencePool", path, .. } if path == "spec.targetPorts"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("spec.targetPorts"), "{err}");
 }
 
 #[test]
@@ -681,14 +680,15 @@ spec:
     assert_eq!(served(0).as_deref(), Some("llm"));
     assert_eq!(served(1), None);
 
-    // A pool the policy's models use goes: the policy is invalid; it comes back: served.
+    // A pool the policy's models use goes: the policy is invalid, and its last good version is
+    // served; the pool comes back: served.
     index
         .write()
         .delete(&key(ResourceKind::InferencePool, "qwen-3.6-27b"));
     check("deleting a model's pool");
     assert!(matches!(
         &*inference[0].borrow(),
-        InferencePolicyState::Invalid { message, .. } if message.contains("qwen-3.6-27b")
+        InferencePolicyState::LastGood { rejected, .. } if rejected.message.contains("qwen-3.6-27b")
     ));
     // The other route's backend is now invalid.
     assert!(matches!(
@@ -725,8 +725,12 @@ spec:
         &CLASSIFIER.replace("[\"```\"]", "[\"(unclosed\"]"),
     );
     check("breaking the classifier");
-    assert_eq!(served(0), None);
-    assert_eq!(served(1), None);
+    // Both keep their last good policy.
+    for rx in &inference {
+        assert!(rx.borrow().rejected().is_some(), "{:?}", *rx.borrow());
+    }
+    assert_eq!(served(0).as_deref(), Some("llm"));
+    assert_eq!(served(1).as_deref(), Some("by-pool"));
     index
         .write()
         .delete(&key(ResourceKind::InferenceClassifier, "llm"));
@@ -960,3 +964,5 @@ fn pool_kv_event_annotations_reach_the_policy_and_republish_it() {
     assert!(inference.has_changed().unwrap());
     assert_eq!(kv(&inference, "glm-5.3"), Some(None));
 }
+
+mod last_good;

@@ -12,6 +12,7 @@ use kinference_api::{
     policy::{CONDITION_ACCEPTED, CONDITION_RESOLVED_REFS},
     validate::ErrorKind,
 };
+use kinference_policy_core::guard::GuardCondition;
 use kinference_policy_k8s_index::{Resource, ResourceKey, ResourceKind, index::PolicyValidation};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,6 +39,7 @@ type NsName = (String, String);
 pub fn desired_statuses(
     objects: &BTreeMap<ResourceKey, Resource>,
     index_errors: &BTreeMap<NsName, String>,
+    guards: &BTreeMap<NsName, GuardCondition>,
     now: Timestamp,
 ) -> Vec<Desired> {
     let mut out = Vec::new();
@@ -45,7 +47,7 @@ pub fn desired_statuses(
         let desired = match res {
             Resource::InferencePolicy(p) => {
                 let id = (key.namespace.clone(), key.name.clone());
-                policy(key, p, objects, index_errors.get(&id), now)
+                policy(key, p, objects, index_errors.get(&id), guards.get(&id), now)
             }
             Resource::InferencePool(p) => pool(key, p, objects, now),
             Resource::HttpRoute(r) => route(key, r, objects, now),
@@ -149,6 +151,7 @@ fn policy(
     p: &InferencePolicy,
     objects: &BTreeMap<ResourceKey, Resource>,
     index_error: Option<&String>,
+    guard: Option<&GuardCondition>,
     now: Timestamp,
 ) -> Option<Desired> {
     let ns = key.namespace.as_str();
@@ -251,7 +254,20 @@ fn policy(
         .status
         .as_ref()
         .map(|s| serde_json::to_value(&s.conditions).unwrap_or_default());
-    let conditions = with_times(vec![accepted, resolved], existing.as_ref(), now);
+    let mut wanted = vec![accepted, resolved];
+    // What the proxies' judges have measured of the guarded rules (see `kinference_policy_core::guard`).
+    if let Some(g) = guard {
+        let mut c = condition(
+            kinference_api::policy::CONDITION_QUALITY_GUARD,
+            true,
+            g.reason,
+            &g.message,
+            generation,
+        );
+        c["status"] = json!(g.status);
+        wanted.push(c);
+    }
+    let conditions = with_times(wanted, existing.as_ref(), now);
     let status = json!({ "conditions": conditions });
     let existing_status = json!({ "conditions": existing.unwrap_or_else(|| json!([])) });
     finish(key, &p.metadata, status, &existing_status, false)
@@ -479,17 +495,22 @@ mod tests {
 
     /// The `type_` condition of the example policy's desired status.
     fn policy_condition(objects: &BTreeMap<ResourceKey, Resource>, type_: &str) -> Value {
-        desired_statuses(objects, &BTreeMap::new(), Timestamp::UNIX_EPOCH)
-            .into_iter()
-            .find(|d| d.key.kind == ResourceKind::InferencePolicy)
-            .and_then(|d| {
-                d.comparable["conditions"]
-                    .as_array()?
-                    .iter()
-                    .find(|c| c["type"] == type_)
-                    .cloned()
-            })
-            .unwrap()
+        desired_statuses(
+            objects,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            Timestamp::UNIX_EPOCH,
+        )
+        .into_iter()
+        .find(|d| d.key.kind == ResourceKind::InferencePolicy)
+        .and_then(|d| {
+            d.comparable["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == type_)
+                .cloned()
+        })
+        .unwrap()
     }
 
     #[test]

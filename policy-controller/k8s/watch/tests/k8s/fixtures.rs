@@ -151,6 +151,7 @@ pub fn config(identity: &str, clock: Arc<ManualClock>) -> Config {
             max: Duration::from_millis(100),
         },
         clock,
+        guards: Arc::default(),
     }
 }
 

@@ -1,0 +1,87 @@
+//! One prompt's block hashes in each candidate pool's hash space, for the precise prefix index.
+//!
+//! A pool whose endpoints publish vLLM KV events reports which blocks it holds by vLLM's block
+//! hashes, which depend on the pool's tokenizer. The route layer tokenizes the prompt once per
+//! tokenizer contract among the candidate models, before the router's lock is taken, and the
+//! decision then compares hashes only.
+
+use kinference_classify::Role;
+use kinference_openai::PromptText;
+use kinference_proxy_signals::{PromptRef, Tokenizer};
+use kinference_routing::{BlockHasher, ModelName};
+use std::collections::HashMap;
+
+/// A prompt tokenized once per tokenizer contract of the candidate models.
+#[derive(Debug)]
+pub struct PromptHasher {
+    by_model: Vec<(ModelName, Tokenizer)>,
+    tokens: Vec<(Tokenizer, Vec<u32>)>,
+}
+
+impl PromptHasher {
+    /// `None` when no candidate model's pool has a known tokenizer contract.
+    pub fn new(
+        tokenizers: &HashMap<ModelName, Tokenizer>,
+        models: &[String],
+        prompt: &PromptText,
+    ) -> Option<Self> {
+        let by_model: Vec<(ModelName, Tokenizer)> = models
+            .iter()
+            .map(|m| ModelName::from(m.as_str()))
+            .filter_map(|m| {
+                let t = *tokenizers.get(&m)?;
+                Some((m, t))
+            })
+            .collect();
+        if by_model.is_empty() {
+            return None;
+        }
+        let mut tokens: Vec<(Tokenizer, Vec<u32>)> = Vec::new();
+        for (_, t) in &by_model {
+            if tokens.iter().all(|(have, _)| have != t) {
+                tokens.push((*t, tokenize(*t, prompt)));
+            }
+        }
+        Some(Self { by_model, tokens })
+    }
+
+    fn tokens_of(&self, model: &ModelName) -> Option<(Tokenizer, &[u32])> {
+        let t = self.by_model.iter().find(|(m, _)| m == model)?.1;
+        let tokens = &self.tokens.iter().find(|(have, _)| *have == t)?.1;
+        Some((t, tokens))
+    }
+}
+
+impl BlockHasher for PromptHasher {
+    fn block_hashes(&self, model: &ModelName, block_size_tokens: u32) -> Option<Vec<u64>> {
+        let (t, tokens) = self.tokens_of(model)?;
+        Some(t.block_hashes(tokens, block_size_tokens))
+    }
+
+    fn token_count(&self, model: &ModelName) -> Option<u32> {
+        let (_, tokens) = self.tokens_of(model)?;
+        u32::try_from(tokens.len().max(1)).ok()
+    }
+}
+
+fn tokenize(t: Tokenizer, prompt: &PromptText) -> Vec<u32> {
+    match prompt {
+        PromptText::Completion(text) => t.tokens(PromptRef::Completion(text)),
+        PromptText::Chat(turns) => {
+            let turns: Vec<(&str, &str)> = turns
+                .iter()
+                .map(|c| (role_name(c.role), c.text.as_str()))
+                .collect();
+            t.tokens(PromptRef::Chat(&turns))
+        }
+    }
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    }
+}

@@ -1,0 +1,466 @@
+//! One target's routing state, shared by the layers that decide and the ones that feed it.
+//!
+//! [`kinference_routing::Router`] is pure and clock-free; [`RouterHandle`] owns one behind a mutex
+//! and drives it with tokio's clock. The route layer asks it for a plan (the decision runs under
+//! the lock, on the state as it is at that instant); the retry layer tells it what was dispatched
+//! where; the observe layer feeds it first tokens, streamed tokens and completions; the signals
+//! tasks feed it scrapes and KV events. Every caller holds a clone, never the router itself.
+//!
+//! # First-token feedback from non-stream responses
+//!
+//! A non-stream response arrives whole, so the proxy never sees its first token. It estimates it:
+//! TTFT ≈ end-to-end time − (completion tokens − 1) × the endpoint's time per output token,
+//! learned from its streams' inter-token gaps (before any stream, the model's prior; the larger of
+//! the two is used, so an error under-states TTFT, the safe side for a peak-EWMA). The estimate
+//! feeds the router only when the estimated decode is at most half the end-to-end time
+//! (`docs/proxy.md`, "First-token feedback from non-stream answers").
+
+use crate::clock::Clock;
+use kinference_decision::{
+    Candidates, Input, Passthrough, Plan, Policy, UnknownModel,
+    explain::{Explain, Live},
+};
+use kinference_routing::{
+    Decision, DispatchHandle, EndpointId, EndpointMeta, KvEvent, ModelName, PromptBlocks, Router,
+    RouterConfig, Scrape, Time,
+};
+use parking_lot::Mutex;
+use rand::{SeedableRng, rngs::SmallRng};
+use std::{collections::HashMap, sync::Arc, time::Duration};
+use tokio::time::Instant;
+
+/// Weight of one stream in the learned time per output token.
+const TPOT_ALPHA: f64 = 0.2;
+/// The most of a non-stream response's end-to-end time the estimated decode may take for the
+/// estimated TTFT to be trusted.
+const MAX_DECODE_SHARE: f64 = 0.5;
+
+/// The TTFT of a non-stream response of `completion_tokens` tokens that took `e2e_s` end to end,
+/// given `tpot_s` seconds per output token after the first; `None` when the decode would take
+/// more than [`MAX_DECODE_SHARE`] of it (the estimate would be mostly the decode's error).
+pub fn estimate_ttft_s(e2e_s: f64, completion_tokens: u64, tpot_s: f64) -> Option<f64> {
+    if !(e2e_s.is_finite() && e2e_s > 0.0 && tpot_s.is_finite() && tpot_s >= 0.0) {
+        return None;
+    }
+    let decode_s = completion_tokens.saturating_sub(1) as f64 * tpot_s;
+    (decode_s <= MAX_DECODE_SHARE * e2e_s).then_some(e2e_s - decode_s)
+}
+
+/// A shared handle on one target's router.
+#[derive(Clone, Debug)]
+pub struct RouterHandle {
+    inner: Arc<Mutex<State>>,
+    clock: Clock,
+}
+
+#[derive(Debug)]
+struct State {
+    router: Router,
+    /// The proxy's own settings (failure accrual); a policy sets the rest.
+    base: RouterConfig,
+    config: RouterConfig,
+    rng: SmallRng,
+    /// Learned seconds per output token, per endpoint (from streams).
+    tpot: HashMap<EndpointId, f64>,
+    /// The policy's prior seconds per output token, per model.
+    prior_tpot: HashMap<ModelName, f64>,
+    /// Non-stream responses whose estimated first token fed the predictor, per endpoint.
+    estimated_first_tokens: HashMap<EndpointId, u64>,
+}
+
+/// What the endpoints view shows of one endpoint beyond the router's own accessors.
+#[derive(Clone, Debug, Default)]
+pub struct Learned {
+    pub time_per_output_token_s: Option<f64>,
+    pub estimated_first_tokens: u64,
+}
+
+impl Default for RouterHandle {
+    fn default() -> Self {
+        Self::new(Clock::new(), RouterConfig::default())
+    }
+}
+
+impl RouterHandle {
+    /// A router on `clock` with `base`'s settings until a policy sets its own.
+    pub fn new(clock: Clock, base: RouterConfig) -> Self {
+        let config = base;
+        Self {
+            inner: Arc::new(Mutex::new(State {
+                router: Router::new(config),
+                base,
+                config,
+                rng: SmallRng::from_os_rng(),
+                tpot: HashMap::new(),
+                prior_tpot: HashMap::new(),
+                estimated_first_tokens: HashMap::new(),
+            })),
+            clock,
+        }
+    }
+
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// The current time on the router's clock.
+    pub fn now(&self) -> Time {
+        self.clock.now()
+    }
+
+    /// Applies a policy's balancer settings and priors. New settings start a fresh router (its
+    /// learned state is per-settings); returns whether it did, so the caller re-adds endpoints.
+    pub fn apply_policy(&self, policy: &Policy) -> bool {
+        let b = &policy.balancer;
+        let mut st = self.inner.lock();
+        let mut config = st.base;
+        config.predict.freshness_budget = b.freshness_budget;
+        config.tie_window = b.tie_window;
+        let restarted = config != st.config;
+        if restarted {
+            st.config = config;
+            st.router = Router::new(config);
+        }
+        for m in &policy.models {
+            st.router
+                .set_model_prior(ModelName::from(m.name.as_str()), m.prior);
+        }
+        st.prior_tpot = policy
+            .models
+            .iter()
+            .map(|m| {
+                (
+                    ModelName::from(m.name.as_str()),
+                    m.prior.time_per_output_token_s,
+                )
+            })
+            .collect();
+        restarted
+    }
+
+    /// Removes endpoints and adds or updates others; an added endpoint (`fresh`) or one with no
+    /// signals yet is routable until a connection to it fails.
+    pub fn reconcile(&self, removed: &[EndpointId], upserts: Vec<(EndpointMeta, bool)>) {
+        let now = self.now();
+        let mut st = self.inner.lock();
+        for id in removed {
+            st.router.remove_endpoint(id);
+            st.tpot.remove(id);
+            st.estimated_first_tokens.remove(id);
+        }
+        for (meta, fresh) in upserts {
+            let id = meta.id.clone();
+            st.router.upsert_endpoint(meta, now);
+            if fresh || st.router.signals(&id).is_none() {
+                let _ = st.router.set_ready(&id, true);
+            }
+        }
+    }
+
+    /// The plan for a request whose candidates the caller evaluated
+    /// ([`kinference_decision::decide_among`], on the router as it is now).
+    pub fn decide(&self, policy: &Policy, candidates: Candidates, input: &Input<'_>) -> Plan {
+        let now = self.now();
+        let mut st = self.inner.lock();
+        let st = &mut *st;
+        kinference_decision::decide_among(policy, &st.router, candidates, input, now, &mut st.rng)
+    }
+
+    /// Plain balancing for another `/v1/*` path ([`kinference_decision::passthrough`]).
+    pub fn passthrough<'p>(
+        &self,
+        policy: &'p Policy,
+        requested: &str,
+    ) -> Result<Passthrough<'p>, UnknownModel> {
+        let now = self.now();
+        let mut st = self.inner.lock();
+        let st = &mut *st;
+        kinference_decision::passthrough(policy, &st.router, requested, now, &mut st.rng)
+    }
+
+    /// The dry run of `POST /debug/explain` on the live router.
+    pub fn explain(
+        &self,
+        policy: &Policy,
+        explanation: kinference_classify::Explanation,
+        input: &Input<'_>,
+        models: Option<Vec<String>>,
+    ) -> Explain {
+        let now = self.now();
+        let mut st = self.inner.lock();
+        let st = &mut *st;
+        let live = Live {
+            router: &st.router,
+            now,
+            rng: &mut st.rng,
+        };
+        kinference_decision::explain::explain(policy, explanation, input, models, Some(live))
+    }
+
+    /// Records that the decision's `index`-th candidate was sent the request.
+    pub fn dispatch(
+        &self,
+        decision: &Decision,
+        index: usize,
+        blocks: &PromptBlocks,
+    ) -> Option<DispatchHandle> {
+        let now = self.now();
+        let mut st = self.inner.lock();
+        // The router dispatches a decision's chosen candidate; a retry's is another.
+        if decision.chosen == Some(index) {
+            return st.router.dispatch(decision, blocks, now).ok();
+        }
+        let mut d = decision.clone();
+        d.chosen = Some(index);
+        st.router.dispatch(&d, blocks, now).ok()
+    }
+
+    /// Records the first token of a dispatched request; returns its TTFT. `streamed`: the token
+    /// itself arrived at `at` (a stream), so an engine step ended then; an estimated first token
+    /// is not one.
+    pub fn first_token(
+        &self,
+        handle: DispatchHandle,
+        at: Instant,
+        streamed: bool,
+    ) -> Option<Duration> {
+        let at = self.clock.time_of(at);
+        let mut st = self.inner.lock();
+        if streamed {
+            let _ = st.router.observe_token(handle, at);
+        }
+        st.router.first_token(handle, at).ok()
+    }
+
+    /// A streamed token of a dispatched request arrived at `at` (see
+    /// `kinference_routing::Router::observe_token`).
+    pub fn observe_token(&self, handle: DispatchHandle, at: Instant) {
+        let at = self.clock.time_of(at);
+        let _ = self.inner.lock().router.observe_token(handle, at);
+    }
+
+    /// A stream on `id` had `gaps` inter-token gaps summing to `decode_s`: the endpoint's time per
+    /// output token learns from it (what non-stream responses' decode is estimated with).
+    pub fn observe_decode(&self, id: &EndpointId, decode_s: f64, gaps: u64) {
+        if gaps == 0 || !decode_s.is_finite() || decode_s < 0.0 {
+            return;
+        }
+        let per_token = decode_s / gaps as f64;
+        let mut st = self.inner.lock();
+        if st.router.signals(id).is_none() {
+            return;
+        }
+        st.tpot
+            .entry(id.clone())
+            .and_modify(|t| *t += TPOT_ALPHA * (per_token - *t))
+            .or_insert(per_token);
+    }
+
+    /// A non-stream response from `id` (of `model`) ended at `end`, `e2e` after its attempt was
+    /// sent, with `completion_tokens` tokens: when the estimate is trusted (see the module doc),
+    /// the request's first token is recorded at `end − decode`, so the endpoint's peak-EWMAs,
+    /// prefill rate and correction learn as from a stream. Returns the estimated TTFT. The caller
+    /// still calls [`RouterHandle::complete`].
+    pub fn estimated_first_token(
+        &self,
+        id: &EndpointId,
+        model: &str,
+        handle: DispatchHandle,
+        e2e: Duration,
+        end: Instant,
+        completion_tokens: u64,
+    ) -> Option<Duration> {
+        let tpot_s = {
+            let st = self.inner.lock();
+            let prior = st
+                .prior_tpot
+                .get(&ModelName::from(model))
+                .copied()
+                .unwrap_or(0.0);
+            st.tpot.get(id).copied().unwrap_or(0.0).max(prior)
+        };
+        let ttft_s = estimate_ttft_s(e2e.as_secs_f64(), completion_tokens, tpot_s)?;
+        let decode = e2e.saturating_sub(Duration::from_secs_f64(ttft_s));
+        let at = end.checked_sub(decode)?;
+        let ttft = self.first_token(handle, at, false)?;
+        *self
+            .inner
+            .lock()
+            .estimated_first_tokens
+            .entry(id.clone())
+            .or_default() += 1;
+        Some(ttft)
+    }
+
+    /// The request is over: its work leaves the endpoint's queue, and (when its first token was
+    /// seen) the endpoint's service time learns from it.
+    pub fn complete(&self, handle: DispatchHandle) {
+        let now = self.now();
+        let _ = self.inner.lock().router.complete_at(handle, now);
+    }
+
+    /// A scrape of `id` made at `at`; a successful scrape also makes the endpoint routable again.
+    pub fn observe_scrape(&self, id: &EndpointId, scrape: &Scrape, at: Time) {
+        let mut st = self.inner.lock();
+        if st.router.observe_scrape(id, scrape, at).is_ok() {
+            let _ = st.router.set_ready(id, true);
+        }
+    }
+
+    /// Applies a batch of `id`'s KV events to its precise prefix index; false for an endpoint the
+    /// router does not know.
+    pub fn apply_kv_events(&self, id: &EndpointId, events: &[KvEvent]) -> bool {
+        self.inner.lock().router.apply_kv_events(id, events).is_ok()
+    }
+
+    /// An attempt on `id` got an answer (a success for failure accrual).
+    pub fn success(&self, id: &EndpointId) {
+        let _ = self.inner.lock().router.observe_success(id);
+    }
+
+    /// An attempt on `id` failed (connect error, timeout, 5xx, 429); returns whether failure
+    /// accrual ejected it (see `kinference_routing::accrual`).
+    pub fn failure(&self, id: &EndpointId) -> bool {
+        let now = self.now();
+        let mut st = self.inner.lock();
+        let st = &mut *st;
+        let draw: f64 = rand::Rng::random(&mut st.rng);
+        st.router.observe_failure(id, now, draw).unwrap_or(false)
+    }
+
+    /// Marks an endpoint unroutable (it refused a connection) until a scrape succeeds.
+    pub fn set_ready(&self, id: &EndpointId, ready: bool) {
+        let _ = self.inner.lock().router.set_ready(id, ready);
+    }
+
+    /// Reads the router and what this handle learned beside it, under the lock.
+    pub fn read<R>(&self, f: impl FnOnce(&Router, &dyn Fn(&EndpointId) -> Learned) -> R) -> R {
+        let st = self.inner.lock();
+        let learned = |id: &EndpointId| Learned {
+            time_per_output_token_s: st.tpot.get(id).copied(),
+            estimated_first_tokens: st.estimated_first_tokens.get(id).copied().unwrap_or(0),
+        };
+        f(&st.router, &learned)
+    }
+
+    /// Like [`RouterHandle::read`], with the handle's random source (for a dry-run decision).
+    pub fn read_with_rng<R>(&self, f: impl FnOnce(&Router, &mut SmallRng, Time) -> R) -> R {
+        let now = self.now();
+        let mut st = self.inner.lock();
+        let st = &mut *st;
+        f(&st.router, &mut st.rng, now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ttft_estimate_is_trusted_only_when_decode_is_a_small_share() {
+        // 5 tokens at 30 ms: 120 ms of decode in 1 s.
+        let t = estimate_ttft_s(1.0, 5, 0.03).unwrap();
+        assert!((t - 0.88).abs() < 1e-9);
+        assert_eq!(estimate_ttft_s(1.0, 1, 0.03), Some(1.0));
+        // 100 tokens at 30 ms is 3 s of decode: more than the whole request.
+        assert_eq!(estimate_ttft_s(1.0, 100, 0.03), None);
+        assert_eq!(estimate_ttft_s(1.0, 18, 0.03), None); // 0.51 s > half
+        assert_eq!(estimate_ttft_s(0.0, 1, 0.03), None);
+    }
+
+    /// A router with one `glm-5.3` endpoint (the example policy's prior: 30 ms per output token)
+    /// that has reported an empty queue.
+    fn one_endpoint() -> (RouterHandle, EndpointId, Policy) {
+        let policy = kinference_proxy_discovery::convert::policy(
+            &kinference_proxy_discovery::testing::example_proto(),
+        );
+        let r = RouterHandle::default();
+        r.apply_policy(&policy);
+        let id = EndpointId::from("127.0.0.1:1");
+        r.reconcile(&[], vec![(EndpointMeta::new(id.clone(), "glm-5.3"), true)]);
+        let scrape = Scrape {
+            num_requests_waiting: Some(0),
+            num_requests_running: Some(0),
+            kv_cache_usage: Some(0.0),
+            ..Scrape::default()
+        };
+        r.observe_scrape(&id, &scrape, r.now());
+        (r, id, policy)
+    }
+
+    fn dispatch(r: &RouterHandle, policy: &Policy, tokens: u32) -> DispatchHandle {
+        let blocks = PromptBlocks::from_text(b"hello", &Default::default());
+        let (tags, workload) = (kinference_classify::Tags::new(), Default::default());
+        let input = Input {
+            requested: "glm-5.3",
+            tags: &tags,
+            workload: &workload,
+            prompt_tokens: tokens,
+            max_tokens: None,
+            prompt_blocks: &blocks,
+            block_hasher: None,
+            max_attempts: 3,
+        };
+        let candidates = policy.candidates("glm-5.3", &tags, &workload).unwrap();
+        let plan = r.decide(policy, candidates, &input);
+        r.dispatch(&plan.decision, plan.order[0], &blocks).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn non_stream_answers_feed_the_peak_ewma_and_prefill_rate() {
+        let (r, id, policy) = one_endpoint();
+        let ewma = |r: &RouterHandle| r.read(|router, _| router.observed_latency_s(&id, r.now()));
+        let rate = |r: &RouterHandle| r.read(|router, _| router.prefill_tokens_per_second(&id));
+        let before = rate(&r);
+        assert_eq!(ewma(&r), None);
+        // A long generation: its decode dominates, nothing is learned but the completion.
+        let h = dispatch(&r, &policy, 2000);
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let end = Instant::now();
+        let e2e = end - sent;
+        assert_eq!(
+            r.estimated_first_token(&id, "glm-5.3", h, e2e, end, 1000),
+            None
+        );
+        r.complete(h);
+        assert_eq!(r.read(|_, learned| learned(&id).estimated_first_tokens), 0);
+        // A short answer: its end-to-end time is mostly its TTFT.
+        let h = dispatch(&r, &policy, 2000);
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let end = Instant::now();
+        let ttft = r
+            .estimated_first_token(&id, "glm-5.3", h, end - sent, end, 3)
+            .unwrap();
+        r.complete(h);
+        // Two tokens after the first at the prior's 30 ms: 1.94 s from dispatch, exactly, on the
+        // paused clock.
+        assert_eq!(ttft, Duration::from_millis(1_940));
+        assert_eq!(r.read(|_, learned| learned(&id).estimated_first_tokens), 1);
+        assert!(ewma(&r).unwrap() > 1.5);
+        assert_ne!(
+            rate(&r),
+            before,
+            "the prefill rate learns from the estimate"
+        );
+        // Streams teach the time per output token, which then paces the estimate.
+        r.observe_decode(&id, 1.0, 10);
+        assert_eq!(
+            r.read(|_, learned| learned(&id).time_per_output_token_s),
+            Some(0.1)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_streamed_first_token_is_timed_on_the_paused_clock() {
+        let (r, id, policy) = one_endpoint();
+        let h = dispatch(&r, &policy, 100);
+        tokio::time::advance(Duration::from_millis(250)).await;
+        let ttft = r.first_token(h, Instant::now(), true).unwrap();
+        assert_eq!(ttft, Duration::from_millis(250));
+        r.complete(h);
+        let pending = r.read(|router, _| router.inflight(&id).unwrap().pending());
+        assert_eq!(pending, 0);
+    }
+}
