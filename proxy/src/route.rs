@@ -417,7 +417,14 @@ async fn admit(
                 .predicted_ttft_s()
                 .is_some_and(|t| t > slo.as_secs_f64())
     };
-    if !misses(&plan) {
+    // Sent at once when predicted within the threshold, unless a held request goes before it.
+    if !misses(&plan)
+        && !params.admission.holds_ahead_of(
+            &plan.candidates.requested_model,
+            &class,
+            &decider.tenant,
+        )
+    {
         return Ok((plan, std::time::Duration::ZERO));
     }
     let start = Instant::now();
@@ -463,7 +470,7 @@ async fn admit(
             refusal: kinference_decision::Refusal::QueueFull,
             retry_after_s,
             error: ApiError::queue_full(format!(
-                "every endpoint is predicted to miss the {class} class's {}ms time-to-first-token objective and the admission queue is full",
+                "every endpoint is predicted over the {}ms time to first token the {class} class is admitted at, and the admission queue is full",
                 slo.as_millis()
             )),
         });
@@ -484,7 +491,7 @@ async fn admit(
                 retry_after_s,
                 plan,
                 error: ApiError::queue_timeout(format!(
-                    "no endpoint was predicted to meet the {class} class's {}ms time-to-first-token objective within its {}ms maxQueueTime",
+                    "no endpoint was predicted within the {}ms time to first token the {class} class is admitted at during its {}ms maxQueueTime",
                     slo.as_millis(),
                     max_wait.as_millis()
                 )),

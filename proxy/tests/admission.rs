@@ -125,7 +125,7 @@ async fn held_sheddable_work_is_refused_with_retry_after_and_never_delays_critic
             v["error"]["message"]
                 .as_str()
                 .unwrap()
-                .contains("Sheddable class's 1ms time-to-first-token objective"),
+                .contains("1ms time to first token the Sheddable class is admitted at"),
             "{v}"
         );
         answered += 1;

@@ -112,9 +112,7 @@ fn manifests(judge: SocketAddr) -> tempfile::TempDir {
     let root = workspace_root();
     let dir = tempfile::tempdir().unwrap();
     let scenario = root.join("integration/local/scenarios/cheapest-within-slo");
-    for entry in std::fs::read_dir(&scenario).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_owned();
+    for (name, path) in kinference_local::manifests::files(&scenario).unwrap() {
         if name != "policy.yaml" {
             std::fs::copy(&path, dir.path().join(&name)).unwrap();
         }

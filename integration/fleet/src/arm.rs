@@ -3,8 +3,9 @@
 //! The same strategy appears in several columns: Kinference at 1, 4, 16 and 64 sidecars, with
 //! the priors it would really get and with the engine's own, with and without `GET /load`. An
 //! arm names all of that, so one run holds every column side by side and the label says which
-//! is which: `name[@instances][:no-load][:true-prior]`, for example `kinference@64`,
-//! `llm-d-precise:no-load`, `kinference:true-prior`. Without `@`, a central picker runs the run's
+//! is which: `name[@instances][:no-load][:true-prior][:admission]`, for example `kinference@64`,
+//! `llm-d-precise:no-load`, `kinference:true-prior`, `kinference:admission` (its policy's service
+//! classes with `maxQueueTime`, for the workloads that carry classes). Without `@`, a central picker runs the run's
 //! `--peer-instances` (1 by default) and a mesh the run's `--kinference-sidecars` (16).
 
 use crate::strategy::{Deployment, StrategyKind};
@@ -22,6 +23,8 @@ pub struct Arm {
     pub server_load: bool,
     /// Kinference's priors are the engine's own constants instead of the measured, wrong ones.
     pub true_priors: bool,
+    /// Kinference holds requests predicted to miss their class's objective (admission control).
+    pub admission: bool,
 }
 
 /// Why an arm could not be parsed.
@@ -31,9 +34,9 @@ pub enum ArmError {
     Strategy(String),
     #[error("{0:?}: the instance count after @ must be a positive integer")]
     Instances(String),
-    #[error("{0:?}: unknown option (no-load, true-prior)")]
+    #[error("{0:?}: unknown option (no-load, true-prior, admission)")]
     Option(String),
-    #[error("{0:?}: only Kinference takes true-prior")]
+    #[error("{0:?}: only Kinference takes true-prior and admission")]
     Priors(String),
 }
 
@@ -45,6 +48,7 @@ impl Arm {
             instances: None,
             server_load: true,
             true_priors: false,
+            admission: false,
         }
     }
 
@@ -60,6 +64,11 @@ impl Arm {
 
     pub fn with_true_priors(mut self) -> Self {
         self.true_priors = true;
+        self
+    }
+
+    pub fn with_admission(mut self) -> Self {
+        self.admission = true;
         self
     }
 
@@ -86,7 +95,8 @@ impl Arm {
             match option {
                 "no-load" => arm.server_load = false,
                 "true-prior" if kind.is_kinference() => arm.true_priors = true,
-                "true-prior" => return Err(ArmError::Priors(s.to_owned())),
+                "admission" if kind.is_kinference() => arm.admission = true,
+                "true-prior" | "admission" => return Err(ArmError::Priors(s.to_owned())),
                 other => return Err(ArmError::Option(other.to_owned())),
             }
         }
@@ -104,6 +114,9 @@ impl Arm {
         }
         if self.true_priors {
             s.push_str(":true-prior");
+        }
+        if self.admission {
+            s.push_str(":admission");
         }
         s
     }
@@ -129,6 +142,7 @@ impl Arm {
             && self.kind != StrategyKind::Oracle
             && self.server_load
             && self.instances.is_none()
+            && !self.admission
     }
 }
 
@@ -160,6 +174,12 @@ mod tests {
         for arm in published() {
             assert_eq!(Arm::parse(&arm.label()), Ok(arm.clone()), "{}", arm.label());
         }
+        let a = Arm::parse("kinference:admission").unwrap();
+        assert!(a.admission && a.label() == "kinference:admission");
+        assert!(matches!(
+            Arm::parse("gie-default:admission"),
+            Err(ArmError::Priors(_))
+        ));
         let a = Arm::parse("kinference@64:no-load:true-prior").unwrap();
         assert_eq!(
             (a.instances, a.server_load, a.true_priors),

@@ -14,8 +14,13 @@ use crate::strategy::PeerEvent;
 /// Something that happens at an instant.
 #[derive(Debug)]
 pub enum Event {
-    /// Request `req` (an index into the run's request table) reaches its sidecar.
-    Arrival { req: usize },
+    /// Request `req` (an index into the run's request table) reaches its sidecar, or, `released`,
+    /// leaves its sidecar's admission queue to be sent.
+    Arrival { req: usize, released: bool },
+    /// Sidecar `sidecar`'s held requests decide again (admission's tick).
+    AdmissionTick { sidecar: usize },
+    /// Held request `req` reaches its class's `maxQueueTime`.
+    HoldDeadline { req: usize },
     /// Replica `replica`'s current step ends; its events happen now.
     StepEnd { replica: usize },
     /// Router instance `sidecar` (a sidecar or a picker replica) scrapes every replica's metrics.
@@ -106,8 +111,20 @@ mod tests {
     fn earliest_first_then_scheduling_order() {
         let mut q = EventQueue::new();
         q.push(Duration::from_millis(20), Event::Scrape { sidecar: 0 });
-        q.push(Duration::from_millis(10), Event::Arrival { req: 1 });
-        q.push(Duration::from_millis(10), Event::Arrival { req: 2 });
+        q.push(
+            Duration::from_millis(10),
+            Event::Arrival {
+                req: 1,
+                released: false,
+            },
+        );
+        q.push(
+            Duration::from_millis(10),
+            Event::Arrival {
+                req: 2,
+                released: true,
+            },
+        );
         q.push(Duration::from_millis(5), Event::StepEnd { replica: 3 });
         let order: Vec<String> = std::iter::from_fn(|| q.pop())
             .map(|(t, e)| format!("{}:{e:?}", t.as_millis()))
@@ -116,8 +133,8 @@ mod tests {
             order,
             [
                 "5:StepEnd { replica: 3 }",
-                "10:Arrival { req: 1 }",
-                "10:Arrival { req: 2 }",
+                "10:Arrival { req: 1, released: false }",
+                "10:Arrival { req: 2, released: true }",
                 "20:Scrape { sidecar: 0 }"
             ]
         );

@@ -130,10 +130,16 @@ fn main() -> anyhow::Result<()> {
     let csv_path = args.out.join("results.csv");
     std::fs::write(&csv_path, report::to_csv(&results))
         .with_context(|| format!("writing {}", csv_path.display()))?;
+    if results.iter().any(|r| r.admission.is_some()) {
+        let path = args.out.join("admission.csv");
+        std::fs::write(&path, report::admission::to_csv(&results))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     let md_path = args.out.with_extension("md");
     let md = render_report(&args, &results, wall_s);
     std::fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
     println!("{}", report::to_markdown(&results));
+    println!("{}", report::admission::to_markdown(&results));
     println!(
         "{} cells in {wall_s:.1} s; wrote {} and {}",
         results.len(),
@@ -164,7 +170,7 @@ fn render_report(args: &Args, results: &[report::CellResult], wall_s: f64) -> St
          pickers as {} instance(s), unless an arm says `@N`; scrape every {} ms{}, KV events \
          after {} ms; {} cells in {wall_s:.0} s wall).\n\nTTFT, ITL and e2e are per request, in virtual time; `load CV` is the \
          coefficient of variation of requests per endpoint; MAPE and p90 abs err compare each request's predicted TTFT with its \
-         simulated TTFT (Kinference and the oracle). Plots: `fleet/ttft_p90.png`, `fleet/ttft_p99.png`.\n\n{}{END}{analysis}",
+         simulated TTFT (Kinference and the oracle). Plots: `fleet/ttft_p90.png`, `fleet/ttft_p99.png`.\n\n{}{}{END}{analysis}",
         args.suite,
         args.seed,
         args.kinference_sidecars,
@@ -178,5 +184,6 @@ fn render_report(args: &Args, results: &[report::CellResult], wall_s: f64) -> St
         args.kv_event_delay_ms,
         results.len(),
         report::to_markdown(results),
+        report::admission::to_markdown(results),
     )
 }

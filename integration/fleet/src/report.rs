@@ -10,6 +10,8 @@ use std::fmt::Write as _;
 
 use crate::{arm::Arm, strategy::StrategyKind};
 
+pub mod admission;
+
 /// What happened to one request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Outcome {
@@ -37,6 +39,14 @@ pub struct Outcome {
     pub prediction: Option<Box<kinference_routing::predict::Prediction>>,
     /// The chosen replica's true state when the request arrived, for `--dump-requests`.
     pub at_arrival: Option<ReplicaTruth>,
+    /// The service class and tenant the workload gave it (the `classes` workloads).
+    pub service_class: Option<&'static str>,
+    pub tenant: u32,
+    /// Refused by admission: held for its class's `maxQueueTime` without a candidate predicted
+    /// within its threshold (a 429 with `Retry-After` in the proxy).
+    pub shed: bool,
+    /// How long admission held it before sending it (0 when it was sent at once).
+    pub held_s: f64,
 }
 
 impl Outcome {
@@ -127,6 +137,8 @@ pub struct CellResult {
     /// `Prediction::ranked_ttft_s`).
     pub ranked_mape: Option<f64>,
     pub wall_s: f64,
+    /// Per class and tenant (the workloads whose requests carry service classes).
+    pub admission: Option<admission::AdmissionResult>,
 }
 
 /// The `p`-quantile (0..=1) of sorted `v` by linear interpolation; 0 for an empty slice.
@@ -319,6 +331,7 @@ impl CellResult {
             prediction_p90_abs_err_ms: p90_err,
             ranked_mape: mape(&ranked),
             wall_s,
+            admission: admission::AdmissionResult::of(outcomes),
         }
     }
 
@@ -887,7 +900,7 @@ predicted_ttft_s,pred_cached_tokens,pred_wait_s,pred_prefill_wait_s,pred_capacit
 pred_attention_s,pred_steps_s,pred_step_residual_s,pred_kv_pressure_factor,pred_correction,pred_queued_prefill_tokens,\
 pred_others_prefilling_tokens,pred_other_waiting,pred_own_awaiting,pred_running,pred_rate_tps,pred_kv_usage,\
 pred_waiting_age_s,pred_own_queued_left_tokens,pred_undated_ttft_s,pred_published_age_s,true_step_residual_s,true_backlog_tokens,true_running,true_waiting,\
-requested_pool,served_pool,rule,cost_usd";
+requested_pool,served_pool,rule,cost_usd,service_class,tenant,shed,held_s";
 
 /// One row per request of a cell, with the prediction's inputs where the strategy predicts: the
 /// raw material for studying where prediction error comes from (`--dump-requests`).
@@ -953,11 +966,15 @@ pub fn requests_csv(outcomes: &[Outcome]) -> String {
         }
         let _ = writeln!(
             s,
-            ",{},{},{},{}",
+            ",{},{},{},{},{},{},{},{:.6}",
             o.requested_pool,
             o.served_pool.map_or(String::new(), |p| p.to_string()),
             o.rule.unwrap_or(""),
             o.cost_usd.map_or(String::new(), |c| format!("{c:.8}")),
+            o.service_class.unwrap_or(""),
+            o.tenant,
+            o.shed,
+            o.held_s,
         );
     }
     s
@@ -985,6 +1002,10 @@ mod tests {
             cost_usd: Some(0.002),
             prediction: None,
             at_arrival: None,
+            service_class: None,
+            tenant: 0,
+            shed: false,
+            held_s: 0.0,
         }
     }
 

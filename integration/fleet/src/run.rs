@@ -5,8 +5,13 @@
 //! sidecars after the delivery delay. Every request ends either completed or counted rejected (the
 //! engine refused it, e.g. longer than the model's context), so nothing is silently dropped.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::Duration,
+};
 
+use kinference_decision::admission::{HeldQueue, Rank, TICK, VirtualTokens};
 use kinference_sim::{EngineEvent, EngineRequest, SimTime, engine::output_token_id};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -18,7 +23,7 @@ use crate::{
     priors::PriorFactors,
     report::{CellResult, Outcome, ReplicaTruth},
     sidecar::{Scraped, SidecarState, View},
-    strategy::{BuildContext, PeerEvent, Req, Router},
+    strategy::{BuildContext, PeerEvent, Req, Router, StrategyKind},
     workload::{self, RequestSpec, Workload},
 };
 
@@ -74,12 +79,67 @@ struct Rec {
     rejected: bool,
     /// The session and the index of the turn that follows this one.
     next_turn: Option<(usize, usize)>,
+    /// Its place in its sidecar's admission queue while it is held.
+    held: Option<Rank>,
+    held_s: f64,
+    shed: bool,
 }
 
 struct Sidecar {
     state: SidecarState,
     router: Box<dyn Router>,
     rng: ChaCha8Rng,
+    admission: SidecarAdmission,
+}
+
+/// One sidecar's admission queues (per requested pool, as the proxy's per requested model), which
+/// request holds each place, and its tenants' virtual token counters.
+#[derive(Default)]
+struct SidecarAdmission {
+    queues: BTreeMap<usize, HeldQueue>,
+    holders: HashMap<(usize, Rank), usize>,
+    virtual_tokens: VirtualTokens,
+    tick_pending: bool,
+}
+
+impl SidecarAdmission {
+    fn schedule_tick(&mut self, q: &mut EventQueue, sidecar: usize, at: SimTime) {
+        if !self.tick_pending {
+            self.tick_pending = true;
+            q.push(at, Event::AdmissionTick { sidecar });
+        }
+    }
+
+    fn leave(&mut self, pool: usize, rank: Rank, admitted: bool) {
+        if let Some(queue) = self.queues.get_mut(&pool) {
+            queue.leave(rank, admitted);
+            if queue.is_empty() {
+                self.queues.remove(&pool);
+            }
+        }
+        self.holders.remove(&(pool, rank));
+    }
+}
+
+/// The replicas allowed to serve `spec` under `strategy`.
+fn candidates_of(infos: &[ReplicaInfo], strategy: StrategyKind, spec: &RequestSpec) -> Vec<usize> {
+    infos
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| i.pool == spec.pool || (strategy.cross_model() && spec.low_complexity))
+        .map(|(r, _)| r)
+        .collect()
+}
+
+/// The request the router sees.
+fn req_of(id: usize, spec: &RequestSpec) -> Req<'_> {
+    Req {
+        id: id as u64,
+        prompt: &spec.prompt,
+        pool: spec.pool,
+        low_complexity: spec.low_complexity,
+        service_class: spec.service_class,
+    }
 }
 
 fn secs(s: f64) -> SimTime {
@@ -160,12 +220,15 @@ pub fn run_cell_detailed(
             PriorFactors::MEASURED
         },
         slo_ttft_s: workload.kind.slo_ttft_p90_s(),
+        classes: workload.kind.classes(),
+        admission: arm.admission,
     };
     let mut sidecars: Vec<Sidecar> = (0..n_sidecars)
         .map(|i| Sidecar {
             state: SidecarState::new(replicas.len()),
             router: strategy.build(&infos, &ctx),
             rng: ChaCha8Rng::seed_from_u64(cell_seed(cfg, workload, arm, i)),
+            admission: SidecarAdmission::default(),
         })
         .collect();
     let wants_kv = strategy.wants_kv_events();
@@ -195,9 +258,18 @@ pub fn run_cell_detailed(
         at_arrival: None,
         rejected: false,
         next_turn,
+        held: None,
+        held_s: 0.0,
+        shed: false,
     };
     for spec in &workload.requests {
-        q.push(secs(spec.at_s), Event::Arrival { req: recs.len() });
+        q.push(
+            secs(spec.at_s),
+            Event::Arrival {
+                req: recs.len(),
+                released: false,
+            },
+        );
         recs.push(new_rec(spec.clone(), None));
     }
     for (si, s) in workload.sessions.iter().enumerate() {
@@ -208,8 +280,16 @@ pub fn run_cell_detailed(
             pool: s.pool,
             low_complexity: false,
             client: s.client,
+            service_class: None,
+            tenant: 0,
         };
-        q.push(secs(s.start_s), Event::Arrival { req: recs.len() });
+        q.push(
+            secs(s.start_s),
+            Event::Arrival {
+                req: recs.len(),
+                released: false,
+            },
+        );
         recs.push(new_rec(spec, (!s.turns.is_empty()).then_some((si, 0))));
     }
     let mut outstanding = recs.len();
@@ -225,24 +305,23 @@ pub fn run_cell_detailed(
     while outstanding > 0 {
         let Some((now, event)) = q.pop() else { break };
         match event {
-            Event::Arrival { req } => {
-                recs[req].arrived_at = now;
+            Event::Arrival { req, released } => {
+                if !released {
+                    recs[req].arrived_at = now;
+                }
                 let rec = &recs[req];
-                let candidates: Vec<usize> = infos
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, i)| {
-                        i.pool == rec.spec.pool
-                            || (strategy.cross_model() && rec.spec.low_complexity)
-                    })
-                    .map(|(r, _)| r)
-                    .collect();
+                let candidates = candidates_of(&infos, strategy, &rec.spec);
                 if candidates.is_empty() {
                     recs[req].rejected = true;
                     outstanding -= 1;
                     continue;
                 }
-                let Sidecar { state, router, rng } = &mut sidecars[rec.sidecar];
+                let Sidecar {
+                    state,
+                    router,
+                    rng,
+                    admission,
+                } = &mut sidecars[rec.sidecar];
                 if sees_truth {
                     for (r, rep) in replicas.iter().enumerate() {
                         state.scraped[r] = Some(truth(rep, now, server_load[r]));
@@ -261,13 +340,35 @@ pub fn run_cell_detailed(
                     scraped: &state.scraped,
                     own_inflight: &state.own_inflight,
                 };
-                let r = Req {
-                    id: req as u64,
-                    prompt: &rec.spec.prompt,
-                    pool: rec.spec.pool,
-                    low_complexity: rec.spec.low_complexity,
-                };
+                let r = req_of(req, &rec.spec);
                 let pick = router.pick(&r, &candidates, &view, rng);
+                // Admission: held while every candidate is predicted over its class's threshold,
+                // or while a held request goes before it.
+                let vt = admission.virtual_tokens.of(&rec.spec.tenant.to_string());
+                let pool = rec.spec.pool;
+                let hold = (!released)
+                    .then_some(rec.spec.service_class)
+                    .flatten()
+                    .and_then(|class| Some((class, router.admission(class)?)))
+                    .filter(|(class, a)| {
+                        pick.predicted_ttft_s.is_some_and(|t| t > a.threshold_s)
+                            || admission
+                                .queues
+                                .get(&pool)
+                                .is_some_and(|q| q.holds_ahead_of(class, vt))
+                    });
+                if let Some((class, a)) = hold {
+                    let rank = admission.queues.entry(pool).or_default().enter(
+                        class,
+                        vt,
+                        a.reserved_share,
+                    );
+                    admission.holders.insert((pool, rank), req);
+                    admission.schedule_tick(&mut q, rec.sidecar, now + TICK);
+                    q.push(now + a.max_wait, Event::HoldDeadline { req });
+                    recs[req].held = Some(rank);
+                    continue;
+                }
                 let replica = pick.replica;
                 let truth = ReplicaTruth {
                     step_residual_s: replicas[replica]
@@ -306,6 +407,10 @@ pub fn run_cell_detailed(
                 );
                 state.own_inflight[replica] += 1;
                 server_load[replica] += 1;
+                admission.virtual_tokens.charge(
+                    &rec.spec.tenant.to_string(),
+                    rec.spec.prompt.len() as u64 + u64::from(rec.spec.output_tokens),
+                );
                 let rec = &mut recs[req];
                 rec.replica = Some(replica);
                 rec.predicted_ttft_s = pick.predicted_ttft_s;
@@ -379,9 +484,17 @@ pub fn run_cell_detailed(
                                     pool: session.pool,
                                     low_complexity: false,
                                     client: session.client,
+                                    service_class: rec.spec.service_class,
+                                    tenant: rec.spec.tenant,
                                 };
                                 let next = (ti + 1 < session.turns.len()).then_some((si, ti + 1));
-                                q.push(at, Event::Arrival { req: recs.len() });
+                                q.push(
+                                    at,
+                                    Event::Arrival {
+                                        req: recs.len(),
+                                        released: false,
+                                    },
+                                );
                                 recs.push(new_rec(spec, next));
                                 outstanding += 1;
                             }
@@ -406,6 +519,73 @@ pub fn run_cell_detailed(
                 if replicas[replica].engine.has_work() {
                     start_step(&mut replicas[replica], replica, now, &mut q);
                 }
+            }
+            Event::AdmissionTick { sidecar } => {
+                // The head of each queue decides again; one release at a time, so the next head
+                // decides once the first is sent (as the proxy's waiters wake on a departure).
+                let Sidecar {
+                    state,
+                    router,
+                    rng,
+                    admission,
+                } = &mut sidecars[sidecar];
+                admission.tick_pending = false;
+                let mut released = false;
+                let heads: Vec<(usize, Rank)> = admission
+                    .queues
+                    .iter()
+                    .filter_map(|(&pool, queue)| Some((pool, queue.head()?)))
+                    .collect();
+                for (pool, rank) in heads {
+                    let Some(&req) = admission.holders.get(&(pool, rank)) else {
+                        continue;
+                    };
+                    let spec = &recs[req].spec;
+                    let Some(a) = spec.service_class.and_then(|c| router.admission(c)) else {
+                        continue;
+                    };
+                    let candidates = candidates_of(&infos, strategy, spec);
+                    let view = View {
+                        now,
+                        replicas: &infos,
+                        scraped: &state.scraped,
+                        own_inflight: &state.own_inflight,
+                    };
+                    let pick = router.pick(&req_of(req, spec), &candidates, &view, rng);
+                    if pick.predicted_ttft_s.is_none_or(|t| t <= a.threshold_s) {
+                        admission.leave(pool, rank, true);
+                        let rec = &mut recs[req];
+                        rec.held = None;
+                        rec.held_s = (now - rec.arrived_at).as_secs_f64();
+                        q.push(
+                            now,
+                            Event::Arrival {
+                                req,
+                                released: true,
+                            },
+                        );
+                        released = true;
+                    }
+                }
+                if released {
+                    admission.schedule_tick(&mut q, sidecar, now);
+                } else if !admission.queues.is_empty() {
+                    admission.schedule_tick(&mut q, sidecar, now + TICK);
+                }
+            }
+            Event::HoldDeadline { req } => {
+                let rec = &mut recs[req];
+                let Some(rank) = rec.held.take() else {
+                    continue;
+                };
+                // Refused with a reason (the proxy's 429 `queue_timeout`): answered, not lost.
+                rec.shed = true;
+                rec.rejected = true;
+                rec.held_s = (now - rec.arrived_at).as_secs_f64();
+                outstanding -= 1;
+                let admission = &mut sidecars[rec.sidecar].admission;
+                admission.leave(rec.spec.pool, rank, false);
+                admission.schedule_tick(&mut q, rec.sidecar, now);
             }
             Event::Scrape { sidecar } => {
                 let Sidecar { state, router, .. } = &mut sidecars[sidecar];
@@ -463,6 +643,10 @@ pub fn run_cell_detailed(
                 rejected: r.rejected,
                 prediction: r.prediction,
                 at_arrival: r.at_arrival,
+                service_class: r.spec.service_class,
+                tenant: r.spec.tenant,
+                shed: r.shed,
+                held_s: r.held_s,
             }
         })
         .collect();

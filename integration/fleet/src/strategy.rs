@@ -37,6 +37,19 @@ pub struct Req<'a> {
     /// The pool of the model the client asked for.
     pub pool: usize,
     pub low_complexity: bool,
+    /// The service class its app declares (`None`: the policy's default).
+    pub service_class: Option<&'a str>,
+}
+
+/// How a router holds a class's requests for capacity (see `kinference_decision::admission`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Admission {
+    /// Held while the best candidate's predicted TTFT is over this (seconds).
+    pub threshold_s: f64,
+    /// Refused once held this long.
+    pub max_wait: Duration,
+    /// The class's guaranteed share of releases while it has requests held.
+    pub reserved_share: f64,
 }
 
 /// A routing decision.
@@ -84,6 +97,11 @@ pub trait Router: Send + std::fmt::Debug {
     /// Another instance of the same strategy published what it did (HA replica sync; only
     /// strategies with [`StrategyKind::replica_sync`] receive these).
     fn on_peer(&mut self, _event: &PeerEvent, _now: SimTime) {}
+    /// Whether, and how, a request of `class` is held while it is predicted to miss its
+    /// objective; `None`: sent at once (every peer forwards everything).
+    fn admission(&self, _class: &str) -> Option<Admission> {
+        None
+    }
 }
 
 /// What one router instance tells its peers when the strategy syncs replicas.
@@ -121,6 +139,10 @@ pub struct BuildContext {
     /// The workload's TTFT SLO, in seconds (the `Standard` class's in the policy of
     /// `kinference-cheapest-within-slo`).
     pub slo_ttft_s: f64,
+    /// The workload's service classes, declared in Kinference's policy (empty: none).
+    pub classes: &'static [crate::workload::classes::Class],
+    /// Whether Kinference's policy gives its classes `maxQueueTime` (admission control).
+    pub admission: bool,
 }
 
 impl Default for BuildContext {
@@ -129,6 +151,8 @@ impl Default for BuildContext {
             kinference: kinference_routing::RouterConfig::default(),
             priors: PriorFactors::MEASURED,
             slo_ttft_s: 2.0,
+            classes: &[],
+            admission: false,
         }
     }
 }
@@ -322,25 +346,30 @@ impl StrategyKind {
             StrategyKind::Dynamo => Box::new(dynamo::DynamoKv::new(replicas)),
             StrategyKind::Sglang => Box::new(sglang::SglangCacheAware::new(replicas.len())),
             StrategyKind::Aibrix => Box::new(aibrix::AibrixPrefix::new(replicas.len())),
-            StrategyKind::Kinference => Box::new(kinference::Kinference::new(
-                replicas,
-                ctx.kinference,
-                ctx.priors,
-            )),
-            StrategyKind::KinferenceRequestedOnly => Box::new(kinference::Kinference::with_policy(
-                replicas,
-                ctx.kinference,
-                kinference::PolicyVariant::RequestedOnly,
-                ctx.priors,
-            )),
-            StrategyKind::KinferenceCheapest => Box::new(kinference::Kinference::with_policy(
-                replicas,
-                ctx.kinference,
-                kinference::PolicyVariant::CheapestWithinSlo {
-                    slo: std::time::Duration::from_secs_f64(ctx.slo_ttft_s),
-                },
-                ctx.priors,
-            )),
+            StrategyKind::Kinference
+            | StrategyKind::KinferenceRequestedOnly
+            | StrategyKind::KinferenceCheapest => {
+                let variant = match self {
+                    StrategyKind::KinferenceRequestedOnly => {
+                        kinference::PolicyVariant::RequestedOnly
+                    }
+                    StrategyKind::KinferenceCheapest => {
+                        kinference::PolicyVariant::CheapestWithinSlo {
+                            slo: std::time::Duration::from_secs_f64(ctx.slo_ttft_s),
+                        }
+                    }
+                    _ => kinference::PolicyVariant::Widening,
+                };
+                Box::new(
+                    kinference::Kinference::with_policy(
+                        replicas,
+                        ctx.kinference,
+                        variant,
+                        ctx.priors,
+                    )
+                    .with_classes(ctx.classes, ctx.admission),
+                )
+            }
             StrategyKind::Oracle => Box::new(oracle::build(replicas, ctx.kinference)),
         }
     }

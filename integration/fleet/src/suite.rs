@@ -68,6 +68,16 @@ impl Suite {
             (Suite::Ci, WorkloadKind::Azure) => vec![4.0],
             (Suite::Ci, WorkloadKind::MultiTurn) => vec![0.5],
             (Suite::Ci, WorkloadKind::TwoModel) => vec![2.0],
+            // 0.5, 1, 1.5 and 2 times the saturation of the pool (SATURATION_RPS).
+            (Suite::Full, WorkloadKind::Classes | WorkloadKind::NoisyTenant) => {
+                [0.5, 1.0, 1.5, 2.0]
+                    .map(|x| x * workload::classes::SATURATION_RPS)
+                    .to_vec()
+            }
+            (Suite::Ci, WorkloadKind::Classes | WorkloadKind::NoisyTenant) => {
+                // The CI suite halves the pool: its full saturation load is twice the half pool's.
+                vec![workload::classes::SATURATION_RPS]
+            }
         }
     }
 

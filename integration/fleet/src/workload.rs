@@ -10,6 +10,7 @@
 //! intervals over seeds cover workloads, not only router randomness.
 
 pub mod azure;
+pub mod classes;
 pub mod mooncake;
 pub mod multi_turn;
 pub mod shared_prefix;
@@ -36,6 +37,11 @@ pub struct RequestSpec {
     pub low_complexity: bool,
     /// The client (requests go to sidecar `client % sidecars`).
     pub client: u32,
+    /// The service class its app declares (`Critical`, `Standard`, `Sheddable`); `None`: the
+    /// policy's default. Only the `classes` workloads set it.
+    pub service_class: Option<&'static str>,
+    /// The tenant it is accounted to (the `classes` workloads; 0 elsewhere).
+    pub tenant: u32,
 }
 
 /// A chat session: each turn's prompt is the previous prompt, the answer the engine generated and
@@ -70,9 +76,14 @@ pub enum WorkloadKind {
     SharedPrefix,
     MultiTurn,
     TwoModel,
+    /// Mixed service classes and tenants on one pool, to twice its saturation (admission).
+    Classes,
+    /// [`WorkloadKind::Classes`] with one tenant sending ten times its share.
+    NoisyTenant,
 }
 
 impl WorkloadKind {
+    /// The routing comparison's workloads (the default of a run).
     pub const ALL: [WorkloadKind; 5] = [
         WorkloadKind::SharedPrefix,
         WorkloadKind::Mooncake,
@@ -81,6 +92,9 @@ impl WorkloadKind {
         WorkloadKind::TwoModel,
     ];
 
+    /// The admission comparison's workloads (`--workloads classes,noisy-tenant`).
+    pub const ADMISSION: [WorkloadKind; 2] = [WorkloadKind::Classes, WorkloadKind::NoisyTenant];
+
     pub fn name(self) -> &'static str {
         match self {
             WorkloadKind::Mooncake => "mooncake",
@@ -88,11 +102,16 @@ impl WorkloadKind {
             WorkloadKind::SharedPrefix => "shared-prefix",
             WorkloadKind::MultiTurn => "multi-turn",
             WorkloadKind::TwoModel => "two-model",
+            WorkloadKind::Classes => "classes",
+            WorkloadKind::NoisyTenant => "noisy-tenant",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.name() == s)
+        Self::ALL
+            .into_iter()
+            .chain(Self::ADMISSION)
+            .find(|k| k.name() == s)
     }
 
     /// The workload's TTFT service-level objective, met when the p90 TTFT is at most this
@@ -108,6 +127,16 @@ impl WorkloadKind {
             | WorkloadKind::Azure
             | WorkloadKind::MultiTurn
             | WorkloadKind::TwoModel => 2.0,
+            // The Standard class's (see `classes::CLASSES`).
+            WorkloadKind::Classes | WorkloadKind::NoisyTenant => 2.0,
+        }
+    }
+
+    /// The service classes its requests carry, with their objectives (empty: none).
+    pub fn classes(self) -> &'static [classes::Class] {
+        match self {
+            WorkloadKind::Classes | WorkloadKind::NoisyTenant => &classes::CLASSES,
+            _ => &[],
         }
     }
 }
@@ -195,6 +224,14 @@ pub fn build(
         WorkloadKind::SharedPrefix => Ok(shared_prefix::build(load_rps, size, seed)),
         WorkloadKind::MultiTurn => Ok(multi_turn::build(load_rps, size, seed)),
         WorkloadKind::TwoModel => Ok(two_model::build(load_rps, size, seed)),
+        WorkloadKind::Classes => Ok(classes::build(kind, load_rps, size, seed, 1.0)),
+        WorkloadKind::NoisyTenant => Ok(classes::build(
+            kind,
+            load_rps,
+            size,
+            seed,
+            classes::NOISY_FACTOR,
+        )),
     }
 }
 
@@ -223,7 +260,7 @@ mod tests {
 
     #[test]
     fn kinds_round_trip_and_tokens_are_ordinary() {
-        for k in WorkloadKind::ALL {
+        for k in WorkloadKind::ALL.into_iter().chain(WorkloadKind::ADMISSION) {
             assert_eq!(WorkloadKind::parse(k.name()), Some(k));
         }
         assert_eq!(WorkloadKind::parse("nope"), None);

@@ -332,3 +332,47 @@ fn the_objective_and_the_widening_do_what_they_say_on_two_model() {
         cost(requested_only)
     );
 }
+
+#[test]
+fn admission_holds_what_would_miss_refuses_with_a_reason_and_answers_every_request() {
+    let one = Arm::of(StrategyKind::Kinference).with_instances(1);
+    let arms = vec![one.clone(), one.with_admission()];
+    let results = suite::run(&plan(WorkloadKind::ADMISSION.to_vec(), arms, 1)).unwrap();
+    assert_eq!(results.len(), 4);
+    for r in &results {
+        let a = r.admission.as_ref().expect("the workload carries classes");
+        // Served, or refused with a reason: none hangs.
+        assert_eq!(a.hung, 0, "{}/{}", r.workload, r.strategy);
+        assert_eq!(r.completed + r.rejected, r.requests);
+        if !r.strategy.ends_with(":admission") {
+            assert_eq!(a.shed(), 0, "forwarding everything sheds nothing");
+        }
+        // Critical declares no maxQueueTime: never held, never refused.
+        let critical = a.class("Critical").unwrap();
+        assert_eq!((critical.shed, critical.served), (0, critical.requests));
+    }
+    let forward = cell(&results, "classes", "kinference@1");
+    let admit = cell(&results, "classes", "kinference@1:admission");
+    let (f, a) = (
+        forward.admission.as_ref().unwrap(),
+        admit.admission.as_ref().unwrap(),
+    );
+    // Past saturation, holding what would miss serves more requests within their objective, and
+    // Critical, sent at once while the classes below wait, meets its objective more often.
+    assert!(a.shed() > 0);
+    assert!(
+        a.goodput_rps > f.goodput_rps,
+        "{} vs {}",
+        a.goodput_rps,
+        f.goodput_rps
+    );
+    let within = |r: &report::admission::AdmissionResult| {
+        let c = r.class("Critical").unwrap();
+        c.within_slo as f64 / c.requests as f64
+    };
+    assert!(within(a) > within(f), "{} vs {}", within(a), within(f));
+    // Sheddable keeps at least its reserved share of what is served.
+    let served: usize = a.classes.iter().map(|c| c.served).sum();
+    let sheddable = a.class("Sheddable").unwrap().served as f64 / served as f64;
+    assert!(sheddable >= 0.1, "{sheddable}");
+}

@@ -26,7 +26,46 @@ pub struct Rewrite {
     pub every_model: bool,
 }
 
-/// Copies the manifests of `src` into `dst`, with one EndpointSlice on loopback per port of
+/// The file in a manifests directory that makes it a scenario: one line naming, relative to the
+/// directory, the manifests it is based on.
+pub const BASE_FILE: &str = "BASE";
+
+/// The manifest files (`.yaml`, `.yml`) of `dir` by name. A directory with a [`BASE_FILE`] is a
+/// scenario: its base's files, with its own replacing those of the same name (a scenario states
+/// only what it changes, and is never a stale copy of `examples/`).
+pub fn files(dir: &Path) -> anyhow::Result<BTreeMap<String, std::path::PathBuf>> {
+    let mut out = BTreeMap::new();
+    let base = dir.join(BASE_FILE);
+    if base.is_file() {
+        let rel = std::fs::read_to_string(&base)
+            .with_context(|| format!("reading {}", base.display()))?;
+        let named = dir.join(rel.trim());
+        let parent = named
+            .canonicalize()
+            .ok()
+            .filter(|p| p.is_dir() && dir.canonicalize().ok().as_ref() != Some(p))
+            .with_context(|| {
+                format!(
+                    "{} names {}, which is not a manifests directory",
+                    base.display(),
+                    named.display()
+                )
+            })?;
+        out = files(&parent)?;
+    }
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if name.ends_with(".yaml") || name.ends_with(".yml") {
+            out.insert(name.to_string(), path.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Copies the manifests of `src` (see [`files`]) into `dst`, with one EndpointSlice on loopback per port of
 /// `ports[model]` and each InferencePool's `targetPorts` set to its model's ports. `patch` is
 /// called with every InferencePolicy and InferenceClassifier document (the kinference resources a
 /// test may change) and tells them apart by `kind`.
@@ -37,14 +76,7 @@ pub fn rewrite(
     how: Rewrite,
     patch: &dyn Fn(&mut Value),
 ) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
-        let path = entry?.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        if !(name.ends_with(".yaml") || name.ends_with(".yml")) {
-            continue;
-        }
+    for (name, path) in files(src)? {
         let mut out = Vec::new();
         let mut sliced: Vec<String> = Vec::new();
         for mut doc in docs(&path)? {
@@ -100,7 +132,7 @@ pub fn rewrite(
                 _ => out.push(doc),
             }
         }
-        write_docs(&dst.join(name), &out)?;
+        write_docs(&dst.join(&name), &out)?;
     }
     Ok(())
 }
@@ -201,6 +233,25 @@ mod tests {
 
     fn pools(dir: &Path) -> Vec<Value> {
         docs(&dir.join("inferencepools.yaml")).unwrap()
+    }
+
+    #[test]
+    fn a_scenario_is_its_base_with_its_own_files_replacing_theirs() {
+        let root = workspace_root();
+        let scenario = root.join("integration/local/scenarios/cheapest-within-slo");
+        let got = files(&scenario).unwrap();
+        let base = files(&root.join("examples")).unwrap();
+        assert_eq!(
+            got.keys().collect::<Vec<_>>(),
+            base.keys().collect::<Vec<_>>()
+        );
+        assert_eq!(got["policy.yaml"], scenario.join("policy.yaml"));
+        assert_eq!(got["classifier.yaml"], base["classifier.yaml"]);
+        // A base that is not a directory is an error, not an empty scenario.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(BASE_FILE), "nowhere\n").unwrap();
+        let e = files(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("not a manifests directory"), "{e}");
     }
 
     #[test]

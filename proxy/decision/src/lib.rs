@@ -9,6 +9,7 @@
 //! arguments. The proxy's route layer, `POST /debug/explain`, `kinfctl explain` and the fleet
 //! benchmark all call it, so what is measured and explained is what the sidecar does.
 
+pub mod admission;
 pub mod explain;
 pub mod guard;
 pub mod objective;

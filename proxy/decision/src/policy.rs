@@ -272,11 +272,29 @@ impl Policy {
         None
     }
 
-    /// How long a request of `class` may be held for its SLO, with the SLO: both its own class's
-    /// (a class without `max_queue_time` is never held).
+    /// When a request of `class` is held, and for how long at most: held while the best
+    /// candidate's predicted TTFT is over the returned threshold, for up to its class's
+    /// `max_queue_time` (a class without one is never held).
+    ///
+    /// The threshold is the class's own `ttft_slo`, or half the tightest `ttft_slo` of a class
+    /// above it when that is tighter: a lower class yields the headroom a higher class needs.
+    /// Were a Sheddable request released whenever its own, looser objective could be met, the
+    /// engines' queues would fill up to that objective and every Critical request would miss its
+    /// own. Released at the higher objective itself, the queues would hover there and a Critical
+    /// request, sent on top, would miss it half the time; the other half of the objective is the
+    /// higher class's room for its own prefill and the prediction's error (docs/policy.md).
     pub fn admission(&self, class: &str) -> Option<(Duration, Duration)> {
         let c = self.service_classes.iter().find(|c| c.name == class)?;
-        Some((c.ttft_slo?, c.max_queue_time?))
+        let rank = crate::admission::class_rank(class);
+        let tightest_above = self
+            .service_classes
+            .iter()
+            .filter(|h| crate::admission::class_rank(&h.name) < rank)
+            .filter_map(|h| h.ttft_slo)
+            .min();
+        let own = c.ttft_slo?;
+        let threshold = tightest_above.map_or(own, |above| (above / 2).min(own));
+        Some((threshold, c.max_queue_time?))
     }
 
     /// The share of releases reserved for `class` (0 when it declares none).
@@ -404,6 +422,35 @@ pub(crate) mod tests {
             status_message: None,
             tenant_budgets: vec![],
         }
+    }
+
+    #[test]
+    fn a_lower_class_is_admitted_within_the_headroom_of_the_classes_above_it() {
+        let class = |name: &str, slo_ms: u64, wait_ms: Option<u64>| ServiceClass {
+            name: name.into(),
+            ttft_slo: Some(Duration::from_millis(slo_ms)),
+            max_queue_time: wait_ms.map(Duration::from_millis),
+            reserved_share: 0.0,
+        };
+        let mut p = example();
+        p.service_classes = vec![
+            class("Critical", 1_000, None),
+            class("Standard", 2_000, Some(4_000)),
+            class("Sheddable", 8_000, Some(20_000)),
+        ];
+        let ms = |d: Option<(Duration, Duration)>| d.map(|(a, b)| (a.as_millis(), b.as_millis()));
+        // Critical is never held (no maxQueueTime), but the classes below leave it half its
+        // objective as headroom.
+        assert_eq!(ms(p.admission("Critical")), None);
+        assert_eq!(ms(p.admission("Standard")), Some((500, 4_000)));
+        assert_eq!(ms(p.admission("Sheddable")), Some((500, 20_000)));
+        // A tighter objective of its own stands.
+        p.service_classes[2].ttft_slo = Some(Duration::from_millis(300));
+        assert_eq!(ms(p.admission("Sheddable")), Some((300, 20_000)));
+        // The top class declared is held to its own.
+        p.service_classes.remove(0);
+        assert_eq!(ms(p.admission("Standard")), Some((2_000, 4_000)));
+        assert_eq!(ms(p.admission("Unknown")), None);
     }
 
     #[test]

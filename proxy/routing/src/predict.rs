@@ -491,7 +491,18 @@ pub fn predict(
             false,
         ),
     };
-    let queued_prefill_tokens = others_queued_tokens + own_queued_left_tokens;
+    // The engine's own count bounds the dated queue from below: a request it reports waiting has
+    // not begun its prefill, whoever sent it and whatever the schedule predicted when it was sent.
+    // Without the floor, an endpoint bound by KV capacity (its requests wait for blocks, not for
+    // prefill) looks empty once the schedule's predicted waits have run out.
+    let waiting_floor_tokens = match s.num_requests_waiting {
+        Some(o) if o.is_fresh(now, budget) => {
+            (f64::from(o.value) * other_request_tokens - scrape_age_s * rate).max(0.0)
+        }
+        _ => 0.0,
+    };
+    let queued_prefill_tokens =
+        (others_queued_tokens + own_queued_left_tokens).max(waiting_floor_tokens);
 
     let residual = |queued: f64, long_step_accounted: bool, elapsed: Option<f64>| match elapsed {
         _ if running_seqs == 0 && queued <= 0.0 => 0.0,

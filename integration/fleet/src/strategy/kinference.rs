@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use kinference_classify::{ClassifierId, Tag, Tags};
 use kinference_decision::{
     DEFAULT_SERVICE_CLASS, Input, Model, Objective, Policy, Price, ServiceClass, Workload,
-    policy::{Action, Rule, TagMatch},
+    policy::{Action, Rule, TagMatch, WorkloadMatch},
 };
 use kinference_routing::{
     self as routing, DispatchHandle, EndpointId, EndpointMeta, ModelName, ModelPrior, PromptBlocks,
@@ -31,7 +31,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
 
-use super::{Pick, Req, Router, chained_block_hashes};
+use super::{Admission, Pick, Req, Router, chained_block_hashes};
 use crate::{fleet::ReplicaInfo, priors::PriorFactors, sidecar::View};
 
 /// vLLM-space block hashes of one prompt: the fleet knows the tokens, as a proxy with the model's
@@ -225,7 +225,66 @@ impl Kinference {
     }
 }
 
+/// The workload label a rule reads a request's service class from (as a platform team would
+/// class an app's workloads).
+pub const CLASS_LABEL: &str = "kinference.io/service-class";
+
+impl Kinference {
+    /// Declares the workload's service classes in the policy, with a rule per class that gives it
+    /// to the apps labelled with it; with `admission`, each class's `maxQueueTime` and
+    /// `reservedShare` too.
+    pub fn with_classes(
+        mut self,
+        classes: &[crate::workload::classes::Class],
+        admission: bool,
+    ) -> Self {
+        if classes.is_empty() {
+            return self;
+        }
+        self.policy.service_classes = classes
+            .iter()
+            .map(|c| ServiceClass {
+                name: c.name.into(),
+                ttft_slo: Some(Duration::from_secs_f64(c.ttft_slo_s)),
+                max_queue_time: c
+                    .max_queue_time_s
+                    .filter(|_| admission)
+                    .map(Duration::from_secs_f64),
+                reserved_share: if admission { c.reserved_share } else { 0.0 },
+            })
+            .collect();
+        for c in classes {
+            self.policy.rules.push(Rule {
+                name: format!("class-{}", c.name.to_lowercase()),
+                models: vec![],
+                tags: vec![],
+                workloads: vec![WorkloadMatch {
+                    namespace: String::new(),
+                    name: String::new(),
+                    match_labels: [(CLASS_LABEL.to_string(), c.name.to_string())].into(),
+                    match_expressions: vec![],
+                }],
+                action: Action {
+                    service_class: Some(c.name.into()),
+                    ..Action::default()
+                },
+                guard: None,
+            });
+        }
+        self
+    }
+}
+
 impl Router for Kinference {
+    fn admission(&self, class: &str) -> Option<Admission> {
+        let (threshold, max_wait) = self.policy.admission(class)?;
+        Some(Admission {
+            threshold_s: threshold.as_secs_f64(),
+            max_wait,
+            reserved_share: self.policy.reserved_share(class),
+        })
+    }
+
     fn pick(
         &mut self,
         req: &Req<'_>,
@@ -240,10 +299,14 @@ impl Router for Kinference {
         let blocks = prompt_blocks(req.prompt, &self.router.config().approx);
         let hasher = TokenHasher { prompt: req.prompt };
         let tags = tags_of(req);
+        let classed = req.service_class.map(|c| Workload {
+            labels: vec![(CLASS_LABEL.to_string(), c.to_string())],
+            ..self.workload.clone()
+        });
         let input = Input {
             requested: requested.as_str(),
             tags: &tags,
-            workload: &self.workload,
+            workload: classed.as_ref().unwrap_or(&self.workload),
             prompt_tokens: u32::try_from(req.prompt.len()).unwrap_or(u32::MAX),
             max_tokens: None,
             prompt_blocks: &blocks,

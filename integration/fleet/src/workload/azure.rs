@@ -102,6 +102,8 @@ pub fn build(
                 output_tokens: out,
                 pool: 0,
                 low_complexity: false,
+                service_class: None,
+                tenant: 0,
                 client: i as u32,
             }
         })

@@ -93,6 +93,8 @@ pub fn build(
                 output_tokens: row.output_length.max(1),
                 pool: 0,
                 low_complexity: false,
+                service_class: None,
+                tenant: 0,
                 client: i as u32,
             }
         })

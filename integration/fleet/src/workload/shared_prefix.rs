@@ -42,6 +42,8 @@ pub fn build(load_rps: f64, size: Size, seed: u64) -> Workload {
                 output_tokens: rng.random_range(OUTPUT_TOKENS),
                 pool: 0,
                 low_complexity: false,
+                service_class: None,
+                tenant: 0,
                 client: i as u32,
             }
         })

@@ -58,6 +58,8 @@ pub fn build(load_rps: f64, size: Size, seed: u64) -> Workload {
                 output_tokens: rng.random_range(OUTPUT_TOKENS),
                 pool: if big { 0 } else { 1 },
                 low_complexity: low,
+                service_class: None,
+                tenant: 0,
                 client: i as u32,
             }
         })
