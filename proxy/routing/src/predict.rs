@@ -491,18 +491,15 @@ pub fn predict(
             false,
         ),
     };
-    // The engine's own count bounds the dated queue from below: a request it reports waiting has
-    // not begun its prefill, whoever sent it and whatever the schedule predicted when it was sent.
-    // Without the floor, an endpoint bound by KV capacity (its requests wait for blocks, not for
-    // prefill) looks empty once the schedule's predicted waits have run out.
+    let queued_prefill_tokens = others_queued_tokens + own_queued_left_tokens;
+    // What the engine reports waiting, in tokens, less what it could have prefilled since the
+    // scrape: the floor of the dated queue when the endpoint is short of KV (below).
     let waiting_floor_tokens = match s.num_requests_waiting {
         Some(o) if o.is_fresh(now, budget) => {
             (f64::from(o.value) * other_request_tokens - scrape_age_s * rate).max(0.0)
         }
         _ => 0.0,
     };
-    let queued_prefill_tokens =
-        (others_queued_tokens + own_queued_left_tokens).max(waiting_floor_tokens);
 
     let residual = |queued: f64, long_step_accounted: bool, elapsed: Option<f64>| match elapsed {
         _ if running_seqs == 0 && queued <= 0.0 => 0.0,
@@ -563,7 +560,18 @@ pub fn predict(
         correction,
         config,
     };
-    let dated = engine.wait(queued_prefill_tokens, step_residual_s);
+    // The dated queue assumes the engine prefills what it was sent at its rate, each own request
+    // from when its predicted wait ran out. An endpoint short of KV admits nothing until running
+    // requests complete: what it reports waiting then has not begun, whoever sent it, and the
+    // dated queue is at least that (without the floor it looks empty once the schedule's
+    // predicted waits run out, however long the real queue; see docs/ttft-model.md).
+    let dated_queued = match kv_free_tokens {
+        Some(free) if waiting_floor_tokens > free => {
+            queued_prefill_tokens.max(waiting_floor_tokens)
+        }
+        _ => queued_prefill_tokens,
+    };
+    let dated = engine.wait(dated_queued, step_residual_s);
     let undated = engine.wait(
         undated_queued,
         residual(undated_queued, false, step_elapsed_s),
@@ -1203,26 +1211,32 @@ mod tests {
         );
         // Free: 5 % of 16,000 = 800 tokens; each of the 10 running requests holds 1,520.
         assert!(close(p.kv_free_tokens.unwrap(), 800.0));
-        // 4,000 queued + 4,000 own − 800 free = 7,200 tokens short: ceil(7,200 / 1,520) = 5
-        // completions, which come every 20 s / 10 running = 2 s.
-        assert_eq!(p.dated.completions_ahead, 5);
+        // Short of KV, the engine admits nothing until a request completes, so the 5 requests it
+        // reports waiting (× 2,000 × (1 − 0.5) tokens, less 0.05 s × 10,000 tokens/s since the
+        // scrape) floor the dated queue at 4,500 tokens, above the 4,000 the schedule has left:
+        // 4,500 + 4,000 own − 800 free = 7,700 tokens short: ceil(7,700 / 1,520) = 6 completions,
+        // which come every 20 s / 10 running = 2 s.
+        assert!(close(p.dated.queued_prefill_tokens, 4_500.0));
+        assert_eq!(p.dated.completions_ahead, 6);
         assert!(close(p.service_s, 20.0));
-        assert!(close(p.dated.capacity_wait_s, 10.0));
-        assert!(p.dated.capacity_bound && close(p.dated.wait_s, 10.0 + 0.0105));
+        assert!(close(p.dated.capacity_wait_s, 12.0));
+        assert!(p.dated.capacity_bound && close(p.dated.wait_s, 12.0 + 0.0105));
         // Capacity-bound: the shortage is the wait itself, so the KV factor is 1.
         assert!(close(p.dated.kv_pressure_factor, 1.0));
-        let raw = 10.0105 + 0.4 + 0.021 + 0.01;
+        // 8,500 tokens to prefill now take two engine steps of 0.021 s.
+        let raw = 12.0105 + 0.4 + 2.0 * 0.021 + 0.01;
         assert!(close(p.dated.raw_ttft_s, raw));
-        assert!(close(p.dated.predicted_ttft_s, raw + 10.0105 * 0.2));
+        assert!(close(p.dated.predicted_ttft_s, raw + 12.0105 * 0.2));
         // Every request admitted while this one holds its 4,000 tokens (as many as are running,
         // 10) waits 4,000 / 1,520 completions × 2 s longer.
         assert_eq!(p.requests_behind, 10);
         let share = 4_000.0 / 1_520.0 * 2.0;
         assert!(close(p.marginal_delay_s, share));
         assert!(close(p.queue_cost_s, 10.0 * share));
+        // The selection ranks by the undated reading, which the floor does not touch.
         assert!(close(
             p.selection_cost_s,
-            p.dated.predicted_ttft_s + 10.0 * share
+            p.undated.predicted_ttft_s + 10.0 * share
         ));
 
         // A prompt that fits in the free blocks waits for no completion; nor does anything
