@@ -214,6 +214,10 @@ pub struct AdmissionMetrics {
     /// Requests held now, per requested model and class (an autoscaler's signal: work waiting
     /// for capacity).
     pub held: Family<ClassLabels, Gauge>,
+    /// The engine work held now, in seconds: each held request's predicted prefill on the
+    /// candidate it would go to (its uncached prompt at the model's rate). Beside `held`, the
+    /// signal for a pool whose held requests are few but long.
+    pub held_work_seconds: Family<ClassLabels, Gauge<f64, AtomicU64>>,
     /// How long each held request waited, by how its hold ended (`admitted` or `rejected`).
     pub held_seconds: Hist<HoldLabels>,
     /// Requests refused 429, by reason (`queue_timeout`, `queue_full`).
@@ -566,6 +570,12 @@ impl Metrics {
                 &mut r,
                 "admission_held",
                 "Requests held now for their service class's TTFT objective",
+                Family::default(),
+            ),
+            held_work_seconds: registered(
+                &mut r,
+                "admission_held_work_seconds",
+                "Predicted prefill seconds of the requests held now",
                 Family::default(),
             ),
             held_seconds: registered(

@@ -476,9 +476,16 @@ async fn admit(
         });
     };
     let held = m.held.get_or_create(&class_labels).clone();
+    let work = m.held_work_seconds.get_or_create(&class_labels).clone();
+    let work_s = plan
+        .decision
+        .chosen()
+        .map_or(0.0, |c| c.prediction.prefill_s.max(0.0));
     held.inc();
+    work.inc_by(work_s);
     let _held = scopeguard(move || {
         held.dec();
+        work.dec_by(work_s);
     });
     let mut plan = plan;
     loop {

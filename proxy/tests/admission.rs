@@ -111,6 +111,14 @@ async fn held_sheddable_work_is_refused_with_retry_after_and_never_delays_critic
         t["default"]["admission_held"], 12,
         "the burst is still held while the critical requests were served"
     );
+    // The held work in seconds, for an autoscaler: the burst's predicted prefill.
+    let work = client
+        .metric(
+            "kinference_proxy_admission_held_work_seconds",
+            &["service_class=\"Sheddable\""],
+        )
+        .await;
+    assert!(work > 0.0, "{work}");
 
     // Each batch request is answered 429 with Retry-After and OpenAI error JSON.
     let mut answered = 0;
@@ -165,6 +173,13 @@ async fn held_sheddable_work_is_refused_with_retry_after_and_never_delays_critic
         )
         .await;
     assert_eq!(held_now, 0.0);
+    let work_now = client
+        .metric(
+            "kinference_proxy_admission_held_work_seconds",
+            &["service_class=\"Sheddable\""],
+        )
+        .await;
+    assert!(work_now.abs() < 1e-9, "{work_now}");
     let waited = client
         .metric(
             "kinference_proxy_admission_held_seconds_count",
