@@ -6,12 +6,12 @@
 //! truncated body), and a KV-event publisher's payload is msgpack from another process. Any byte
 //! string must read as a value or a typed error, never a panic, and the checked properties are
 //! the ones the proxy relies on:
-//! - the metrics reader does not care whether lines end in `\n` or `\r\n`;
+//! - no engine's metrics reader cares whether lines end in `\n` or `\r\n`;
 //! - a decoded KV-event batch, encoded again (each event in the positional form; vLLM 0.32 sends
 //!   maps, which `tests/vllm_fixtures.rs` decodes from recorded frames), decodes to the same
 //!   events: nothing is dropped or folded twice.
 
-use crate::{kv_events::decode_batch, metrics::parse_vllm_metrics};
+use crate::{engine::Engine, kv_events::decode_batch};
 use kinference_routing::KvEvent;
 use rmpv::Value;
 
@@ -19,10 +19,13 @@ use rmpv::Value;
 /// Panics only when a property fails.
 pub fn prometheus(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let lf = parse_vllm_metrics(&text);
-    let crlf = parse_vllm_metrics(&text.replace('\n', "\r\n"));
-    // Debug, not PartialEq: a NaN sample must compare equal to itself here.
-    assert_eq!(format!("{lf:?}"), format!("{crlf:?}"));
+    let crlf_text = text.replace('\n', "\r\n");
+    for engine in Engine::ALL {
+        let lf = engine.adapter().parse_metrics(&text);
+        let crlf = engine.adapter().parse_metrics(&crlf_text);
+        // Debug, not PartialEq: a NaN sample must compare equal to itself here.
+        assert_eq!(format!("{lf:?}"), format!("{crlf:?}"), "{engine}");
+    }
 }
 
 /// Decodes `data` as one KV-event batch; a batch that decodes must survive a re-encoding.

@@ -1,15 +1,13 @@
-//! A tolerant reader of vLLM's Prometheus `/metrics`, reduced to what the router needs.
+//! A tolerant reader of Prometheus `/metrics` text, and the engine-neutral struct the router
+//! reads out of it.
 //!
-//! vLLM renamed several metrics across versions (`vllm:gpu_cache_usage_perc` became
-//! `vllm:kv_cache_usage_perc`, `vllm:gpu_prefix_cache_*` became `vllm:prefix_cache_*`), and a
-//! data-parallel server exposes one sample per engine (`engine` label). This parser accepts both
-//! names (preferring the current one when both appear), combines engines, and skips everything it
-//! does not need: other families, `# HELP`/`# TYPE` comments, `_created` samples, exemplars,
-//! timestamps and OpenMetrics' `# EOF`.
-//!
-//! Engines are combined as their meaning requires: queue lengths, counters and GPU blocks are
-//! summed; the KV-cache usage fraction is averaged (each engine reports a fraction of its own
-//! cache, all of one size); `block_size` is the first engine's.
+//! The struct is [`VllmMetrics`] because vLLM came first; every engine's adapter
+//! ([`crate::engine`]) fills the same fields from its own families, so the routing core reads one
+//! shape whatever the engine. What is shared here is the line reader: it skips what no adapter
+//! needs (`# HELP`/`# TYPE` comments, exemplars, timestamps and OpenMetrics' `# EOF`), unescapes
+//! label values, and reports a line that is not Prometheus text with its number. Which families
+//! an engine exposes, under which names across its versions, and how its data-parallel ranks
+//! combine is each adapter's (vLLM's renames: [`crate::engine::vllm`]).
 //!
 //! The reader is hand-written because no maintained crate reads vLLM's exposition (checked in
 //! December 2026). vLLM's names carry a colon (`vllm:num_requests_waiting`), which the Prometheus
@@ -23,6 +21,7 @@
 //! endpoint every 100 ms for a dozen families: this reader borrows from the text and skips the
 //! rest line by line, and its tests pin what it accepts.
 
+use crate::engine::Engine;
 use std::{borrow::Cow, collections::BTreeMap};
 
 /// What one scrape says about an endpoint. Every field is `None` (or empty) when the exposition
@@ -64,21 +63,26 @@ pub enum ParseError {
     /// The text is well formed but has no vLLM metric the router reads (wrong port or server).
     #[error("the exposition has no vLLM metrics")]
     NoVllmMetrics,
+    /// The text is well formed but has no metric of `engine` (wrong port, or the pool names the
+    /// wrong engine). vLLM's adapter answers [`ParseError::NoVllmMetrics`] instead, as it always
+    /// has.
+    #[error("the exposition has no {engine} metrics")]
+    NoEngineMetrics { engine: Engine },
 }
 
 /// Parsed labels, in exposition order.
-type Labels<'a> = Vec<(&'a str, Cow<'a, str>)>;
+pub(crate) type Labels<'a> = Vec<(&'a str, Cow<'a, str>)>;
 
 /// One sample line.
 #[derive(Debug, PartialEq)]
-struct Sample<'a> {
-    name: &'a str,
-    labels: Labels<'a>,
-    value: f64,
+pub(crate) struct Sample<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) labels: Labels<'a>,
+    pub(crate) value: f64,
 }
 
 impl Sample<'_> {
-    fn label(&self, name: &str) -> Option<&str> {
+    pub(crate) fn label(&self, name: &str) -> Option<&str> {
         self.labels
             .iter()
             .find(|(k, _)| *k == name)
@@ -86,149 +90,25 @@ impl Sample<'_> {
     }
 }
 
-/// Values of one family under its current and its older name.
-#[derive(Debug, Default)]
-struct Renamed {
-    current: Vec<f64>,
-    old: Vec<f64>,
-}
-
-impl Renamed {
-    fn values(&self) -> Option<&[f64]> {
-        if !self.current.is_empty() {
-            Some(&self.current)
-        } else if !self.old.is_empty() {
-            Some(&self.old)
-        } else {
-            None
-        }
-    }
-
-    fn sum(&self) -> Option<f64> {
-        self.values().map(|v| v.iter().sum())
-    }
-
-    fn mean(&self) -> Option<f64> {
-        self.values()
-            .map(|v| v.iter().sum::<f64>() / v.len() as f64)
-    }
-}
-
-/// Reads vLLM's metrics from Prometheus text (format 0.0.4) or OpenMetrics text.
+/// Reads vLLM's metrics from Prometheus text (format 0.0.4) or OpenMetrics text: the vLLM
+/// adapter ([`crate::engine::vllm`]), kept under its old name for its callers.
 pub fn parse_vllm_metrics(text: &str) -> Result<VllmMetrics, ParseError> {
-    let mut running = Renamed::default();
-    let mut waiting = Renamed::default();
-    let mut usage = Renamed::default();
-    let mut queries = Renamed::default();
-    let mut hits = Renamed::default();
-    let mut prompt_tokens = Renamed::default();
-    let mut generation_tokens = Renamed::default();
-    let mut preemptions = Renamed::default();
-    let mut waiting_by_reason: BTreeMap<String, f64> = BTreeMap::new();
-    let mut block_size: Option<u32> = None;
-    // num_gpu_blocks per engine, so a repeated sample is not counted twice.
-    let mut gpu_blocks: BTreeMap<String, Option<u32>> = BTreeMap::new();
-    let mut lora: Option<(f64, Vec<String>, Option<u32>)> = None;
-    let mut seen = false;
+    crate::engine::vllm::parse(text)
+}
 
-    for (i, line) in text.lines().enumerate() {
+/// The sample lines of an exposition, in order, skipping blank lines and comments (`# HELP`,
+/// `# TYPE`, `# EOF`); a line that is not Prometheus text is an error with its line number.
+/// Every engine's adapter reads its families from here.
+pub(crate) fn samples(text: &str) -> impl Iterator<Item = Result<Sample<'_>, ParseError>> {
+    text.lines().enumerate().filter_map(|(i, line)| {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
-            continue;
+            return None;
         }
-        let sample = parse_sample(line).map_err(|reason| ParseError::Malformed {
+        Some(parse_sample(line).map_err(|reason| ParseError::Malformed {
             line: i + 1,
             reason,
-        })?;
-        let target = match sample.name {
-            "vllm:num_requests_running" => Some(&mut running.current),
-            "vllm:num_requests_waiting" => Some(&mut waiting.current),
-            "vllm:kv_cache_usage_perc" => Some(&mut usage.current),
-            "vllm:gpu_cache_usage_perc" => Some(&mut usage.old),
-            "vllm:prefix_cache_queries_total" | "vllm:prefix_cache_queries" => {
-                Some(&mut queries.current)
-            }
-            "vllm:gpu_prefix_cache_queries_total" | "vllm:gpu_prefix_cache_queries" => {
-                Some(&mut queries.old)
-            }
-            "vllm:prefix_cache_hits_total" | "vllm:prefix_cache_hits" => Some(&mut hits.current),
-            "vllm:gpu_prefix_cache_hits_total" | "vllm:gpu_prefix_cache_hits" => {
-                Some(&mut hits.old)
-            }
-            "vllm:num_preemptions_total" | "vllm:num_preemptions" => Some(&mut preemptions.current),
-            "vllm:prompt_tokens_total" | "vllm:prompt_tokens" => Some(&mut prompt_tokens.current),
-            "vllm:generation_tokens_total" | "vllm:generation_tokens" => {
-                Some(&mut generation_tokens.current)
-            }
-            "vllm:num_requests_waiting_by_reason" => {
-                seen = true;
-                let reason = sample.label("reason").unwrap_or_default().to_string();
-                *waiting_by_reason.entry(reason).or_default() += sample.value;
-                None
-            }
-            "vllm:cache_config_info" => {
-                seen = true;
-                let engine = sample.label("engine").unwrap_or_default().to_string();
-                if block_size.is_none() {
-                    block_size = sample.label("block_size").and_then(|v| v.parse().ok());
-                }
-                gpu_blocks.insert(
-                    engine,
-                    sample.label("num_gpu_blocks").and_then(|v| v.parse().ok()),
-                );
-                None
-            }
-            "vllm:lora_requests_info" => {
-                seen = true;
-                // A gauge set to the time of the last change: the highest value is the latest.
-                if lora.as_ref().is_none_or(|(at, ..)| sample.value >= *at) {
-                    let running = sample
-                        .label("running_lora_adapters")
-                        .unwrap_or_default()
-                        .split(',')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_string)
-                        .collect();
-                    let max = sample.label("max_lora").and_then(|v| v.parse().ok());
-                    lora = Some((sample.value, running, max));
-                }
-                None
-            }
-            _ => None,
-        };
-        if let Some(values) = target {
-            seen = true;
-            values.push(sample.value);
-        }
-    }
-    if !seen {
-        return Err(ParseError::NoVllmMetrics);
-    }
-    let num_gpu_blocks = if gpu_blocks.values().any(Option::is_none) {
-        None
-    } else {
-        gpu_blocks
-            .values()
-            .flatten()
-            .try_fold(0u32, |acc, b| acc.checked_add(*b))
-            .filter(|_| !gpu_blocks.is_empty())
-    };
-    let (running_lora_adapters, max_lora) = lora.map(|(_, r, m)| (r, m)).unwrap_or_default();
-    Ok(VllmMetrics {
-        num_requests_running: running.sum(),
-        num_requests_waiting: waiting.sum(),
-        num_requests_waiting_by_reason: waiting_by_reason,
-        kv_cache_usage: usage.mean(),
-        prefix_cache_queries_tokens: queries.sum(),
-        prefix_cache_hits_tokens: hits.sum(),
-        prompt_tokens: prompt_tokens.sum(),
-        generation_tokens: generation_tokens.sum(),
-        num_preemptions: preemptions.sum(),
-        block_size,
-        num_gpu_blocks,
-        running_lora_adapters,
-        max_lora,
+        }))
     })
 }
 

@@ -4,7 +4,10 @@
 //! scrape failed (a timeout ages the endpoint's signals, a refused connection suggests it is gone,
 //! a parse error suggests it is not vLLM), so every failure is typed.
 
-use crate::metrics::{ParseError, VllmMetrics, parse_vllm_metrics};
+use crate::{
+    engine::Engine,
+    metrics::{ParseError, VllmMetrics},
+};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::{
@@ -70,15 +73,27 @@ impl Scraper {
         Self { client, timeout }
     }
 
-    /// Fetches and parses `url` (e.g. `http://10.0.0.7:8000/metrics`).
+    /// Fetches and parses `url` (e.g. `http://10.0.0.7:8000/metrics`) as vLLM's.
     pub async fn scrape(&self, url: &http::Uri) -> Result<VllmMetrics, ScrapeError> {
+        self.scrape_engine(url, Engine::Vllm).await
+    }
+
+    /// Fetches `url` and parses it with `engine`'s adapter.
+    pub async fn scrape_engine(
+        &self,
+        url: &http::Uri,
+        engine: Engine,
+    ) -> Result<VllmMetrics, ScrapeError> {
         let text = self
             .fetch(url, "text/plain;version=0.0.4;q=0.9,*/*;q=0.1")
             .await?;
-        parse_vllm_metrics(&text).map_err(|source| ScrapeError::Parse {
-            url: url.to_string(),
-            source,
-        })
+        engine
+            .adapter()
+            .parse_metrics(&text)
+            .map_err(|source| ScrapeError::Parse {
+                url: url.to_string(),
+                source,
+            })
     }
 
     /// Fetches vLLM's `GET /load` at `url` (e.g. `http://10.0.0.7:8000/load`): the requests its
