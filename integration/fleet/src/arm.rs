@@ -3,9 +3,10 @@
 //! The same strategy appears in several columns: Kinference at 1, 4, 16 and 64 sidecars, with
 //! the priors it would really get and with the engine's own, with and without `GET /load`. An
 //! arm names all of that, so one run holds every column side by side and the label says which
-//! is which: `name[@instances][:no-load][:true-prior][:admission]`, for example `kinference@64`,
+//! is which: `name[@instances][:no-load][:true-prior][:admission][:signals]`, for example `kinference@64`,
 //! `llm-d-precise:no-load`, `kinference:true-prior`, `kinference:admission` (its policy's service
-//! classes with `maxQueueTime`, for the workloads that carry classes). Without `@`, a central picker runs the run's
+//! classes with `maxQueueTime`, for the workloads that carry classes), `kinference:signals` (its
+//! sidecars' dispatch, first-token and completion notices shared through the signal plane). Without `@`, a central picker runs the run's
 //! `--peer-instances` (1 by default) and a mesh the run's `--kinference-sidecars` (16).
 
 use crate::strategy::{Deployment, StrategyKind};
@@ -25,6 +26,9 @@ pub struct Arm {
     pub true_priors: bool,
     /// Kinference holds requests predicted to miss their class's objective (admission control).
     pub admission: bool,
+    /// Kinference's sidecars tell each other, through the signal plane, what they send
+    /// (dispatch, first token, completion notices; `RunConfig::notice_delay` late).
+    pub signals: bool,
 }
 
 /// Why an arm could not be parsed.
@@ -34,9 +38,9 @@ pub enum ArmError {
     Strategy(String),
     #[error("{0:?}: the instance count after @ must be a positive integer")]
     Instances(String),
-    #[error("{0:?}: unknown option (no-load, true-prior, admission)")]
+    #[error("{0:?}: unknown option (no-load, true-prior, admission, signals)")]
     Option(String),
-    #[error("{0:?}: only Kinference takes true-prior and admission")]
+    #[error("{0:?}: only Kinference takes true-prior, admission and signals")]
     Priors(String),
 }
 
@@ -49,6 +53,7 @@ impl Arm {
             server_load: true,
             true_priors: false,
             admission: false,
+            signals: false,
         }
     }
 
@@ -69,6 +74,11 @@ impl Arm {
 
     pub fn with_admission(mut self) -> Self {
         self.admission = true;
+        self
+    }
+
+    pub fn with_signals(mut self) -> Self {
+        self.signals = true;
         self
     }
 
@@ -96,7 +106,10 @@ impl Arm {
                 "no-load" => arm.server_load = false,
                 "true-prior" if kind.is_kinference() => arm.true_priors = true,
                 "admission" if kind.is_kinference() => arm.admission = true,
-                "true-prior" | "admission" => return Err(ArmError::Priors(s.to_owned())),
+                "signals" if kind.is_kinference() => arm.signals = true,
+                "true-prior" | "admission" | "signals" => {
+                    return Err(ArmError::Priors(s.to_owned()));
+                }
                 other => return Err(ArmError::Option(other.to_owned())),
             }
         }
@@ -117,6 +130,9 @@ impl Arm {
         }
         if self.admission {
             s.push_str(":admission");
+        }
+        if self.signals {
+            s.push_str(":signals");
         }
         s
     }
@@ -143,6 +159,7 @@ impl Arm {
             && self.server_load
             && self.instances.is_none()
             && !self.admission
+            && !self.signals
     }
 }
 
@@ -176,6 +193,8 @@ mod tests {
         }
         let a = Arm::parse("kinference:admission").unwrap();
         assert!(a.admission && a.label() == "kinference:admission");
+        let a = Arm::parse("kinference@64:admission:signals").unwrap();
+        assert!(a.signals && a.label() == "kinference@64:admission:signals");
         assert!(matches!(
             Arm::parse("gie-default:admission"),
             Err(ArmError::Priors(_))

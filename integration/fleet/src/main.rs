@@ -49,6 +49,9 @@ struct Args {
     scrape_interval_ms: u64,
     #[arg(long, default_value_t = 10)]
     kv_event_delay_ms: u64,
+    /// How long a notice takes through the signal plane, for arms with `:signals`.
+    #[arg(long, default_value_t = 2)]
+    notice_delay_ms: u64,
     /// The replicas do not answer vLLM's `GET /load` (as vLLM without
     /// `--enable-server-load-tracking`): routers see only the scheduler's gauges.
     #[arg(long)]
@@ -107,6 +110,7 @@ fn main() -> anyhow::Result<()> {
             peer_instances: args.peer_instances.max(1),
             scrape_interval: Duration::from_millis(args.scrape_interval_ms),
             kv_event_delay: Duration::from_millis(args.kv_event_delay_ms),
+            notice_delay: Duration::from_millis(args.notice_delay_ms),
             seed: args.seed,
             server_load: !args.no_server_load,
             kinference,

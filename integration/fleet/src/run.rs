@@ -40,6 +40,10 @@ pub struct RunConfig {
     /// KV events reach the sidecars this long after the step that produced them.
     pub kv_event_delay: Duration,
     pub seed: u64,
+    /// How long a sidecar's notice (dispatch, first token, completion) takes to reach the other
+    /// sidecars through the signal plane, for arms with `:signals`: two hops, sidecar to the
+    /// signal service and on to every watching sidecar.
+    pub notice_delay: Duration,
     /// Whether the replicas answer vLLM's `GET /load` (`--enable-server-load-tracking`), polled
     /// with every scrape by the arms that read it.
     pub server_load: bool,
@@ -55,6 +59,7 @@ impl Default for RunConfig {
             peer_instances: 1,
             scrape_interval: Duration::from_millis(50),
             kv_event_delay: Duration::from_millis(10),
+            notice_delay: Duration::from_millis(2),
             seed: 1,
             server_load: true,
             kinference: kinference_routing::RouterConfig::default(),
@@ -234,10 +239,11 @@ pub fn run_cell_detailed(
     let wants_kv = strategy.wants_kv_events();
     let sees_truth = strategy.sees_truth();
     let reads_load = cfg.server_load && arm.reads_server_load();
-    let sync = if n_sidecars > 1 {
-        strategy.replica_sync(cfg.kv_event_delay)
-    } else {
-        None
+    let sync = match (n_sidecars > 1, arm.signals) {
+        (false, _) => None,
+        // The signal plane: each notice goes sidecar -> signal service -> every sidecar.
+        (true, true) => Some(cfg.notice_delay),
+        (true, false) => strategy.replica_sync(cfg.kv_event_delay),
     };
     let prices: Vec<Option<fleet::Price>> = workload.fleet.pools.iter().map(|p| p.price).collect();
     let widening = workload.fleet.pools.len() > 1;
@@ -403,6 +409,14 @@ pub fn run_cell_detailed(
                         id: req as u64,
                         replica,
                         prompt: rec.spec.prompt.clone(),
+                        notice: pick.prediction.as_ref().map(|p| {
+                            kinference_routing::Notice::predicted(
+                                req as u64,
+                                kinference_routing::Time::from_since_epoch(now),
+                                p,
+                                &cfg.kinference.predict,
+                            )
+                        }),
                     },
                 );
                 state.own_inflight[replica] += 1;

@@ -112,6 +112,8 @@ pub enum PeerEvent {
         id: u64,
         replica: usize,
         prompt: Arc<[u32]>,
+        /// Kinference's notice of it, with the sender's prediction (the signal plane).
+        notice: Option<kinference_routing::Notice>,
     },
     /// Request `id` produced its first token on `replica`.
     FirstToken { id: u64, replica: usize },

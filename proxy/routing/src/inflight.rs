@@ -40,6 +40,36 @@ pub struct InFlightRequest {
     pub prefill_expected_at: Time,
 }
 
+impl InFlightRequest {
+    /// The ledger entry of request `id` sent at `now` on `p`, the prediction it was sent on.
+    pub fn of_prediction(
+        id: u64,
+        now: Time,
+        p: &crate::predict::Prediction,
+        config: &crate::predict::PredictConfig,
+    ) -> Self {
+        Self {
+            id,
+            dispatched_at: now,
+            prompt_tokens: p.prompt_tokens,
+            uncached_tokens: p.uncached_tokens,
+            first_token_at: None,
+            last_token_at: None,
+            // Learning reads the undated queue, as the selection does (`Prediction::undated`).
+            predicted_non_prefill_s: p.undated.raw_ttft_s
+                - p.prefill_s * p.undated.kv_pressure_factor,
+            kv_pressure_factor: p.undated.kv_pressure_factor,
+            predicted_raw_ttft_s: p.undated.raw_ttft_s,
+            predicted_wait_s: p.undated.wait_s,
+            teaches_rate: !p.undated.capacity_bound
+                && p.undated.queued_prefill_tokens == 0.0
+                && p.prefill_s >= config.rate_min_sample_steps * p.decode_step_s,
+            prefill_expected_at: now
+                + Duration::try_from_secs_f64(p.dated.wait_s * p.correction).unwrap_or_default(),
+        }
+    }
+}
+
 #[cfg(test)]
 impl InFlightRequest {
     /// A request of `uncached` prompt tokens (none cached) sent at `at`, its prefill predicted to
@@ -69,6 +99,9 @@ pub struct FirstToken {
     pub ttft: Duration,
 }
 
+/// An empty ledger to borrow where no notices are kept.
+pub static NONE: InFlight = InFlight::EMPTY;
+
 /// The in-flight requests of one endpoint.
 #[derive(Clone, Debug, Default)]
 pub struct InFlight {
@@ -78,6 +111,13 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// No request: the other proxies' ledger of a router that receives no notices.
+    pub const EMPTY: Self = Self {
+        requests: Vec::new(),
+        queued_prefill_tokens: 0,
+        awaiting_first_token: 0,
+    };
+
     /// Records a dispatched request; its uncached tokens join the queued prefill work at once.
     pub fn dispatch(&mut self, request: InFlightRequest) {
         if request.first_token_at.is_none() {
@@ -125,6 +165,20 @@ impl InFlight {
             .filter(|r| r.first_token_at.is_some())
             .filter_map(|r| r.last_token_at)
             .max()
+    }
+
+    /// Forgets every request dispatched before `at` (other proxies' requests whose completion
+    /// notice was lost).
+    pub fn retain_since(&mut self, at: Time) {
+        let stale: Vec<u64> = self
+            .requests
+            .iter()
+            .filter(|r| r.dispatched_at < at)
+            .map(|r| r.id)
+            .collect();
+        for id in stale {
+            self.complete(id);
+        }
     }
 
     /// Forgets request `id` (finished, failed or cancelled). Returns it, or `None` if unknown.

@@ -14,6 +14,7 @@ pub mod endpoint;
 pub mod ewma;
 pub mod fallback;
 pub mod inflight;
+pub mod notice;
 pub mod predict;
 pub mod prefix;
 pub mod router;
@@ -23,6 +24,7 @@ pub mod time;
 pub use self::{
     decision::{Decision, Reason},
     endpoint::{CacheConfig, EndpointId, EndpointMeta, ModelName, Observed, Scrape, Signals},
+    notice::Notice,
     predict::{ModelPrior, PredictConfig},
     prefix::{ApproxConfig, BlockHasher, KvEvent, PromptBlocks},
     router::{DispatchHandle, Request, Router, RouterConfig, RouterError},

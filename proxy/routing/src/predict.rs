@@ -237,6 +237,9 @@ impl SignalInput {
 pub struct EndpointView<'a> {
     pub signals: &'a Signals,
     pub inflight: &'a InFlight,
+    /// Other proxies' requests on the endpoint, from notices ([`crate::notice`];
+    /// [`crate::inflight::NONE`] without them).
+    pub foreign: &'a InFlight,
     pub prior: &'a ModelPrior,
     pub prefill_tokens_per_second: f64,
     /// The correction peak-EWMA at `now` (clamped here).
@@ -280,6 +283,9 @@ pub struct Prediction {
     /// done of them, by the long step in progress or, without one, by the schedule predicted when
     /// each was sent.
     pub own_queued_left_tokens: f64,
+    /// Other proxies' uncached tokens sent here after the latest reading, from notices
+    /// ([`crate::notice`]); 0 without them.
+    pub foreign_queued_tokens: f64,
     pub running_seqs: u32,
     pub prefill_tokens_per_second: f64,
     /// KV tokens free at the endpoint (`(1 − usage) × capacity`), when usage and capacity are known.
@@ -440,7 +446,23 @@ pub fn predict(
         .num_requests_waiting
         .filter(|o| o.is_fresh(now, budget))
         .map_or(0.0, |o| o.age(now).as_secs_f64());
-    let undated_queued = own_queued as f64 + (others_at_scrape - scrape_age_s * rate).max(0.0);
+    // Other proxies' work sent after the endpoint's latest reading (from notices): no gauge shows
+    // it yet. What was sent before is in the reading and is not counted twice.
+    let seen_as_of = s.num_requests_waiting.map(|o| {
+        s.server_load
+            .filter(|l| l.is_fresh(now, budget))
+            .map_or(o.at, |l| l.at.max(o.at))
+    });
+    let foreign = view.foreign;
+    let foreign_queued_tokens = match seen_as_of {
+        Some(at) => foreign
+            .queued_prefill_tokens()
+            .saturating_sub(foreign.queued_prefill_tokens_dispatched_by(at)),
+        None => foreign.queued_prefill_tokens(),
+    } as f64;
+    let undated_queued = own_queued as f64
+        + (others_at_scrape - scrape_age_s * rate).max(0.0)
+        + foreign_queued_tokens;
 
     // The queue dated by what the engine has under way. vLLM publishes its gauges and counters when
     // a step ends, so a scrape reads the queue as the last step end left it: the engine has been
@@ -491,7 +513,8 @@ pub fn predict(
             false,
         ),
     };
-    let queued_prefill_tokens = others_queued_tokens + own_queued_left_tokens;
+    let queued_prefill_tokens =
+        others_queued_tokens + own_queued_left_tokens + foreign_queued_tokens;
     // What the engine reports waiting, in tokens, less what it could have prefilled since the
     // scrape: the floor of the dated queue when the endpoint is short of KV (below).
     let waiting_floor_tokens = match s.num_requests_waiting {
@@ -626,6 +649,7 @@ pub fn predict(
         others_prefilling_tokens,
         others_queued_tokens,
         own_queued_left_tokens,
+        foreign_queued_tokens,
         running_seqs,
         prefill_tokens_per_second: rate,
         kv_free_tokens,
@@ -868,6 +892,7 @@ mod tests {
         EndpointView {
             signals,
             inflight: own,
+            foreign: &crate::inflight::NONE,
             prior,
             prefill_tokens_per_second: 10_000.0,
             correction: 1.0,
@@ -1062,6 +1087,47 @@ mod tests {
     }
 
     #[test]
+    fn other_proxies_work_sent_after_the_scrape_joins_the_queue_once() {
+        let (signals, own) = example();
+        let prior = ModelPrior::default();
+        let alone = predict(
+            &example_view(&signals, &own, &prior),
+            1_000,
+            None,
+            t(1.05),
+            &PredictConfig::default(),
+        );
+        // Another sidecar sent 3,000 uncached tokens after the scrape at 1.0 s (no gauge shows them
+        // yet) and 5,000 before it (the scrape's waiting count already holds those).
+        let mut foreign = InFlight::default();
+        foreign.dispatch(InFlightRequest::sent(1, t(1.02), 3_000));
+        foreign.dispatch(InFlightRequest::sent(2, t(0.9), 5_000));
+        let view = EndpointView {
+            foreign: &foreign,
+            ..example_view(&signals, &own, &prior)
+        };
+        let told = predict(&view, 1_000, None, t(1.05), &PredictConfig::default());
+        assert!(close(told.foreign_queued_tokens, 3_000.0));
+        assert!(close(
+            told.undated.queued_prefill_tokens,
+            alone.undated.queued_prefill_tokens + 3_000.0
+        ));
+        assert!(close(
+            told.dated.queued_prefill_tokens,
+            alone.dated.queued_prefill_tokens + 3_000.0
+        ));
+        assert!(told.ranked_ttft_s() > alone.ranked_ttft_s());
+        // Once its first token is noticed, it has left the queue.
+        foreign.first_token(1, t(1.04));
+        let view = EndpointView {
+            foreign: &foreign,
+            ..example_view(&signals, &own, &prior)
+        };
+        let after = predict(&view, 1_000, None, t(1.05), &PredictConfig::default());
+        assert!(close(after.foreign_queued_tokens, 0.0));
+    }
+
+    #[test]
     fn the_selection_ranks_by_the_undated_queue() {
         let (signals, mut own) = example();
         let prior = ModelPrior::default();
@@ -1251,6 +1317,7 @@ mod tests {
         let view = EndpointView {
             signals: &idle,
             inflight: &idle_own,
+            foreign: &crate::inflight::NONE,
             ..view
         };
         let fits = predict(&view, 700, None, t(1.2), &PredictConfig::default());

@@ -14,6 +14,7 @@ use crate::{
     ewma::{DEFAULT_TAU, PeakEwma},
     fallback::{P2cInputs, power_of_two},
     inflight::{InFlight, InFlightRequest},
+    notice::Notice,
     predict::{EndpointView, ModelPrior, PredictConfig, PrefillRate, ServiceTime, predict},
     prefix::{
         ApproxConfig, ApproxIndex, BlockHash, BlockHasher, KvEvent, LruSet, PreciseIndex,
@@ -118,12 +119,17 @@ pub struct DispatchHandle {
     request_id: u64,
 }
 
+/// How long another proxy's request stays on record without its completion notice.
+pub const NOTICE_TTL: std::time::Duration = std::time::Duration::from_secs(300);
+
 #[derive(Debug)]
 struct EndpointState {
     meta: EndpointMeta,
     ready: bool,
     signals: Signals,
     inflight: InFlight,
+    /// Other proxies' requests here, from notices (see [`crate::notice`]).
+    foreign: InFlight,
     rate: PrefillRate,
     /// How long own requests decode here (first token to completion).
     service: ServiceTime,
@@ -139,6 +145,29 @@ struct EndpointState {
 }
 
 impl EndpointState {
+    /// What a first token teaches: the prefill rate (when nothing was predicted ahead of it),
+    /// the correction of the wait, and the latency EWMA.
+    fn learn(&mut self, ft: &crate::inflight::FirstToken, at: Time, cfg: &PredictConfig) {
+        let ttft_s = ft.ttft.as_secs_f64();
+        let r = ft.request;
+        let kv = r.kv_pressure_factor.max(1.0);
+        if r.teaches_rate {
+            self.rate.observe(
+                r.uncached_tokens,
+                (ttft_s - r.predicted_non_prefill_s) / kv,
+                cfg,
+            );
+        }
+        let wait_s = r.predicted_wait_s;
+        if wait_s > 0.0 && wait_s >= cfg.correction_min_wait_fraction * r.predicted_raw_ttft_s {
+            // The observed wait: the TTFT less what was predicted for everything but the wait.
+            let observed_wait_s = ttft_s - (r.predicted_raw_ttft_s - wait_s);
+            let ratio = (observed_wait_s / wait_s).clamp(cfg.correction_min, cfg.correction_max);
+            self.correction.observe(ratio, at);
+        }
+        self.latency.observe(ttft_s, at);
+    }
+
     /// Leading prompt tokens shared with a prompt this proxy sent here that is still waiting for
     /// its first token (whose prefix the endpoint will have computed before it gets to `prompt`).
     fn pending_tokens(&self, prompt: &PromptBlocks) -> u64 {
@@ -256,6 +285,7 @@ impl Router {
             ready: false,
             signals: Signals::default(),
             inflight: InFlight::default(),
+            foreign: InFlight::default(),
             rate: PrefillRate::new(&prior),
             service: ServiceTime::default(),
             correction: PeakEwma::new(1.0, 1.0, self.config.predict.correction_tau, now),
@@ -281,6 +311,40 @@ impl Router {
         }
         self.approx.remove_endpoint(slot);
         true
+    }
+
+    /// Applies a notice of another proxy's request on endpoint `id` (see [`crate::notice`]). The
+    /// caller keys the request ids so that two proxies' ids never collide. A request whose
+    /// dispatch is not on record is ignored at first token and completion, and one on record
+    /// longer than [`NOTICE_TTL`] is dropped, so a lost completion notice cannot leave work
+    /// queued here forever.
+    pub fn observe_notice(&mut self, id: &EndpointId, notice: Notice) -> Result<(), RouterError> {
+        let cfg = self.config.predict;
+        let st = self.state_mut(id)?;
+        match notice {
+            Notice::Dispatch(request) => {
+                let at = request.dispatched_at;
+                st.foreign.retain_since(Time::from_since_epoch(
+                    at.since_epoch().saturating_sub(NOTICE_TTL),
+                ));
+                st.foreign.dispatch(request);
+            }
+            Notice::FirstToken { id, at } => {
+                // The sender's prediction teaches as one of this proxy's own would.
+                if let Some(ft) = st.foreign.first_token(id, at) {
+                    st.learn(&ft, at, &cfg);
+                }
+            }
+            Notice::Complete { id } => {
+                let _ = st.foreign.complete(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Other proxies' requests on endpoint `id`, as notices have told them.
+    pub fn foreign(&self, id: &EndpointId) -> Option<&InFlight> {
+        self.state(id).map(|st| &st.foreign)
     }
 
     /// Marks an endpoint ready (routable) or not.
@@ -418,6 +482,7 @@ impl Router {
                 let view = EndpointView {
                     signals: &st.signals,
                     inflight: &st.inflight,
+                    foreign: &st.foreign,
                     prior,
                     prefill_tokens_per_second: st.rate.tokens_per_second(),
                     correction: st.correction.value_at(now),
@@ -699,25 +764,12 @@ impl Router {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let p = &c.prediction;
-        st.inflight.dispatch(InFlightRequest {
-            id: request_id,
-            dispatched_at: now,
-            prompt_tokens: p.prompt_tokens,
-            uncached_tokens: p.uncached_tokens,
-            first_token_at: None,
-            last_token_at: None,
-            // Learning reads the undated queue, as the selection does (`Prediction::undated`).
-            predicted_non_prefill_s: p.undated.raw_ttft_s
-                - p.prefill_s * p.undated.kv_pressure_factor,
-            kv_pressure_factor: p.undated.kv_pressure_factor,
-            predicted_raw_ttft_s: p.undated.raw_ttft_s,
-            predicted_wait_s: p.undated.wait_s,
-            teaches_rate: !p.undated.capacity_bound
-                && p.undated.queued_prefill_tokens == 0.0
-                && p.prefill_s >= self.config.predict.rate_min_sample_steps * p.decode_step_s,
-            prefill_expected_at: now
-                + Duration::try_from_secs_f64(p.dated.wait_s * p.correction).unwrap_or_default(),
-        });
+        st.inflight.dispatch(InFlightRequest::of_prediction(
+            request_id,
+            now,
+            p,
+            &self.config.predict,
+        ));
         if p.uncached_tokens > 0 && !prompt.hashes().is_empty() {
             st.pending_prompts
                 .push((request_id, Arc::from(prompt.hashes())));
@@ -750,24 +802,7 @@ impl Router {
             .first_token(handle.request_id, at)
             .ok_or(RouterError::UnknownRequest)?;
         st.forget_pending(handle.request_id);
-        let ttft_s = ft.ttft.as_secs_f64();
-        let r = ft.request;
-        let kv = r.kv_pressure_factor.max(1.0);
-        if r.teaches_rate {
-            st.rate.observe(
-                r.uncached_tokens,
-                (ttft_s - r.predicted_non_prefill_s) / kv,
-                &cfg,
-            );
-        }
-        let wait_s = r.predicted_wait_s;
-        if wait_s > 0.0 && wait_s >= cfg.correction_min_wait_fraction * r.predicted_raw_ttft_s {
-            // The observed wait: the TTFT less what was predicted for everything but the wait.
-            let observed_wait_s = ttft_s - (r.predicted_raw_ttft_s - wait_s);
-            let ratio = (observed_wait_s / wait_s).clamp(cfg.correction_min, cfg.correction_max);
-            st.correction.observe(ratio, at);
-        }
-        st.latency.observe(ttft_s, at);
+        st.learn(&ft, at, &cfg);
         Ok(ft.ttft)
     }
 

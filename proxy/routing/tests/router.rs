@@ -3,7 +3,8 @@
 
 use kinference_routing::{
     ApproxConfig, BlockHasher, CacheConfig, EndpointId, EndpointMeta, KvEvent, ModelName,
-    ModelPrior, PromptBlocks, Reason, Request, Router, RouterConfig, RouterError, Scrape, Time,
+    ModelPrior, Notice, PromptBlocks, Reason, Request, Router, RouterConfig, RouterError, Scrape,
+    Time,
     decision::{Decision, Exclusion},
     prefix::PrefixSource,
 };
@@ -1035,4 +1036,108 @@ fn a_fast_failing_endpoint_is_charged_then_ejected_then_back_on_probation() {
     r.observe_success(&e0).unwrap();
     assert!(r.accrual(&e0).unwrap().available(t(2.3)));
     assert_eq!(r.accrual(&e0).unwrap().consecutive_failures, 0);
+}
+
+#[test]
+fn notices_of_other_proxies_requests_steer_away_from_an_endpoint_they_just_filled() {
+    let model = ModelName::from("m");
+    let mut r = fleet(2, "m", Some((Time::ZERO, 0)));
+    let blocks = prompt("a question of its own");
+    let now = Time::from_secs_f64(0.02);
+    // Both endpoints look idle in the scrape; the ties go to whichever the seed picks.
+    let first = decide(
+        &r,
+        &model,
+        std::slice::from_ref(&model),
+        2_000,
+        &blocks,
+        now,
+    );
+    let chosen = first.chosen().unwrap().endpoint.clone();
+    // Another sidecar, in the same scrape interval, sent 40,000 uncached tokens there.
+    for id in 0..4 {
+        r.observe_notice(
+            &chosen,
+            Notice::dispatch(id, Time::from_secs_f64(0.01), 10_000, 10_000),
+        )
+        .unwrap();
+    }
+    assert_eq!(r.foreign(&chosen).unwrap().queued_prefill_tokens(), 40_000);
+    let told = decide(
+        &r,
+        &model,
+        std::slice::from_ref(&model),
+        2_000,
+        &blocks,
+        now,
+    );
+    assert_ne!(
+        told.chosen().unwrap().endpoint,
+        chosen,
+        "the notices steer away"
+    );
+    // First tokens and completions take the work back out; an unknown id is ignored.
+    for id in 0..4 {
+        let at = Time::from_secs_f64(0.015);
+        r.observe_notice(&chosen, Notice::FirstToken { id, at })
+            .unwrap();
+        r.observe_notice(&chosen, Notice::Complete { id }).unwrap();
+    }
+    r.observe_notice(&chosen, Notice::Complete { id: 99 })
+        .unwrap();
+    assert_eq!(r.foreign(&chosen).unwrap().queued_prefill_tokens(), 0);
+    // A notice for an endpoint the router does not know is an error, not a panic.
+    assert!(
+        r.observe_notice(&EndpointId::from("nope"), Notice::Complete { id: 1 })
+            .is_err()
+    );
+}
+
+#[test]
+fn a_notice_with_the_senders_prediction_teaches_the_rate_as_an_own_request_would() {
+    let model = ModelName::from("m");
+    let blocks = prompt("a long prompt of its own");
+    let at = Time::ZERO;
+    // Two routers on the same idle endpoint: one sends the request, one is told of it.
+    let mut sender = fleet(1, "m", Some((at, 0)));
+    let mut told = fleet(1, "m", Some((at, 0)));
+    let id = EndpointId::from("e0");
+    let d = decide(
+        &sender,
+        &model,
+        std::slice::from_ref(&model),
+        8_000,
+        &blocks,
+        at,
+    );
+    let prediction = d.chosen().unwrap().prediction.clone();
+    let h = sender.dispatch(&d, &blocks, at).unwrap();
+    told.observe_notice(
+        &id,
+        Notice::predicted(7, at, &prediction, &sender.config().predict),
+    )
+    .unwrap();
+    // The engine was twice as slow as the prior says: both learn the same rate from it.
+    let first = Time::from_secs_f64(2.0 * prediction.dated.predicted_ttft_s);
+    sender.first_token(h, first).unwrap();
+    told.observe_notice(&id, Notice::FirstToken { id: 7, at: first })
+        .unwrap();
+    let (a, b) = (
+        sender.prefill_tokens_per_second(&id).unwrap(),
+        told.prefill_tokens_per_second(&id).unwrap(),
+    );
+    assert!(a < prior().prefill_tokens_per_second, "{a}");
+    assert!(close(a, b), "{a} vs {b}");
+    // A notice without the sender's prediction teaches nothing.
+    let mut blind = fleet(1, "m", Some((at, 0)));
+    blind
+        .observe_notice(&id, Notice::dispatch(7, at, 8_000, 8_000))
+        .unwrap();
+    blind
+        .observe_notice(&id, Notice::FirstToken { id: 7, at: first })
+        .unwrap();
+    assert!(close(
+        blind.prefill_tokens_per_second(&id).unwrap(),
+        prior().prefill_tokens_per_second
+    ));
 }

@@ -142,6 +142,7 @@ impl Router for DynamoKv {
                 id,
                 replica,
                 prompt,
+                ..
             } => {
                 // The peer's sequence, with the overlap this replica's own index gives it.
                 let bs = self.block_tokens[*replica];

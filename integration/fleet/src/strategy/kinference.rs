@@ -22,8 +22,8 @@ use kinference_decision::{
     policy::{Action, Rule, TagMatch, WorkloadMatch},
 };
 use kinference_routing::{
-    self as routing, DispatchHandle, EndpointId, EndpointMeta, ModelName, ModelPrior, PromptBlocks,
-    RouterConfig, Scrape, Time,
+    self as routing, DispatchHandle, EndpointId, EndpointMeta, ModelName, ModelPrior, Notice,
+    PromptBlocks, RouterConfig, Scrape, Time,
     endpoint::{CacheConfig, PrefixCacheCounters},
 };
 use kinference_sim::{KvEvent, SimTime};
@@ -31,7 +31,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
 
-use super::{Admission, Pick, Req, Router, chained_block_hashes};
+use super::{Admission, PeerEvent, Pick, Req, Router, chained_block_hashes};
 use crate::{fleet::ReplicaInfo, priors::PriorFactors, sidecar::View};
 
 /// vLLM-space block hashes of one prompt: the fleet knows the tokens, as a proxy with the model's
@@ -400,6 +400,33 @@ impl Router for Kinference {
                 .router
                 .observe_scrape(&self.ids[i], &scrape, time(s.at));
         }
+    }
+
+    /// Another sidecar's notice through the signal plane (arms with `:signals`).
+    fn on_peer(&mut self, event: &PeerEvent, now: SimTime) {
+        let (replica, notice) = match event {
+            PeerEvent::Dispatch {
+                id,
+                replica,
+                prompt,
+                notice,
+            } => (
+                *replica,
+                notice.unwrap_or_else(|| {
+                    let tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
+                    Notice::dispatch(*id, time(now), tokens, tokens)
+                }),
+            ),
+            PeerEvent::FirstToken { id, replica } => (
+                *replica,
+                Notice::FirstToken {
+                    id: *id,
+                    at: time(now),
+                },
+            ),
+            PeerEvent::Complete { id, replica } => (*replica, Notice::Complete { id: *id }),
+        };
+        let _ = self.router.observe_notice(&self.ids[replica], notice);
     }
 
     fn on_kv_events(&mut self, replica: usize, events: &[KvEvent], _now: SimTime) {
