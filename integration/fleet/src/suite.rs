@@ -83,7 +83,7 @@ impl Suite {
 
     /// The arms the suite runs by default: the full suite every column of the report
     /// ([`arm::published`]); the CI suite every strategy as deployed, the oracle, and one of each
-    /// kind of Kinference variant, at a small mesh.
+    /// kind of Kinference variant (the signal plane's notices included), at a small mesh.
     pub fn arms(self) -> Vec<Arm> {
         match self {
             Suite::Full => arm::published(),
@@ -92,6 +92,7 @@ impl Suite {
                 arms.push(Arm::of(StrategyKind::Kinference).with_instances(1));
                 arms.push(Arm::of(StrategyKind::Kinference).with_true_priors());
                 arms.push(Arm::of(StrategyKind::Kinference).without_server_load());
+                arms.push(Arm::of(StrategyKind::Kinference).with_signals());
                 arms.push(Arm::of(StrategyKind::Gie).without_server_load());
                 arms.extend(StrategyKind::KINFERENCE_VARIANTS.map(Arm::of));
                 arms.push(Arm::of(StrategyKind::Oracle));
