@@ -88,6 +88,24 @@ fleet SUITE="full" SEED="1":
     ./target/release/kinference-fleet --suite {{SUITE}} --seed {{SEED}} --out docs/benchmarks/fleet
     python3 scripts/plot_fleet.py docs/benchmarks/fleet/results.csv docs/benchmarks/fleet
 
+# Admission under overload (docs/benchmarks/admission.md): the classes and noisy-tenant workloads
+# to twice saturation, forwarding everything against admission, as the mesh and with one view
+# (release; about 35 s on 2 cores).
+admission SEED="1":
+    cargo build --release -p kinference-fleet
+    ./target/release/kinference-fleet --suite full --seed {{SEED}} --workloads classes,noisy-tenant \
+        --arms kinference,kinference:admission,kinference@1,kinference@1:admission,gie-default \
+        --requests 3000 --out docs/benchmarks/admission
+    python3 scripts/plot_admission.py docs/benchmarks/admission/admission.csv docs/benchmarks/admission
+
+# The signal plane's notices, modelled (docs/signals.md): Kinference at 1 to 64 sidecars with and
+# without them (release; about a minute on 2 cores).
+signals SEED="1" OUT="/tmp/kinference-signals":
+    cargo build --release -p kinference-fleet
+    ./target/release/kinference-fleet --suite full --seed {{SEED}} --workloads shared-prefix,azure --loads 2,4 \
+        --arms kinference@1,kinference@4,kinference@16,kinference@64,kinference@4:signals,kinference@16:signals,kinference@64:signals \
+        --out {{OUT}}
+
 # The fleet benchmark over seeds FIRST..LAST, each its own window of every trace (about 5 minutes a
 # seed on 2 cores): every headline table with intervals over workloads.
 fleet-seeds FIRST="1" LAST="12" OUT="/tmp/kinference-fleet-seeds":
