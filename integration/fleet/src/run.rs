@@ -350,20 +350,23 @@ pub fn run_cell_detailed(
                 let pick = router.pick(&r, &candidates, &view, rng);
                 // Admission: held while every candidate is predicted over its class's threshold,
                 // or while a held request goes before it.
-                let vt = admission.virtual_tokens.of(&rec.spec.tenant.to_string());
                 let pool = rec.spec.pool;
                 let hold = (!released)
                     .then_some(rec.spec.service_class)
                     .flatten()
                     .and_then(|class| Some((class, router.admission(class)?)))
-                    .filter(|(class, a)| {
+                    .map(|(class, a)| {
+                        let vt = admission.virtual_tokens.of(&rec.spec.tenant.to_string());
+                        (class, a, vt)
+                    })
+                    .filter(|(class, a, vt)| {
                         pick.predicted_ttft_s.is_some_and(|t| t > a.threshold_s)
                             || admission
                                 .queues
                                 .get(&pool)
-                                .is_some_and(|q| q.holds_ahead_of(class, vt))
+                                .is_some_and(|q| q.holds_ahead_of(class, *vt))
                     });
-                if let Some((class, a)) = hold {
+                if let Some((class, a, vt)) = hold {
                     let rank = admission.queues.entry(pool).or_default().enter(
                         class,
                         vt,

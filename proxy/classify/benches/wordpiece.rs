@@ -9,31 +9,6 @@
 
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use kinference_classify::wordpiece;
-use tokenizers::{
-    Tokenizer, models::wordpiece::WordPiece, normalizers::BertNormalizer,
-    pre_tokenizers::bert::BertPreTokenizer,
-};
-
-const VOCAB: &str = include_str!("../model/minilm-vocab.txt");
-
-fn reference() -> Tokenizer {
-    let vocab: ahash::AHashMap<String, u32> = VOCAB
-        .lines()
-        .enumerate()
-        .map(|(i, p)| (p.to_string(), i as u32))
-        .collect();
-    let model = WordPiece::builder()
-        .vocab(vocab)
-        .unk_token("[UNK]".into())
-        .continuing_subword_prefix("##".into())
-        .max_input_chars_per_word(100)
-        .build()
-        .expect("a WordPiece model");
-    let mut t = Tokenizer::new(model);
-    t.with_normalizer(Some(BertNormalizer::new(true, true, None, true)));
-    t.with_pre_tokenizer(Some(BertPreTokenizer));
-    t
-}
 
 fn texts() -> [(&'static str, String); 3] {
     let para = "The quarterly report shows revenue of 4,120 units across 12 regions. Explain the \
@@ -57,7 +32,7 @@ fn texts() -> [(&'static str, String); 3] {
 
 fn bench(c: &mut Criterion) {
     let ours = wordpiece::minilm();
-    let theirs = reference();
+    let theirs = wordpiece::reference();
     let mut g = c.benchmark_group("wordpiece");
     for (name, text) in texts() {
         assert_eq!(

@@ -44,6 +44,33 @@ pub fn minilm() -> &'static WordPiece {
     &MINILM
 }
 
+/// The `tokenizers` crate's tokenizer of all-MiniLM-L6-v2 over the same compiled-in vocabulary
+/// (BertNormalizer, BertPreTokenizer, WordPiece): the reference the hand-written one is checked
+/// against (`tests/wordpiece.rs`) and compared with (`benches/wordpiece.rs`).
+#[cfg(feature = "wordpiece-reference")]
+pub fn reference() -> tokenizers::Tokenizer {
+    use tokenizers::{
+        Tokenizer, models::wordpiece::WordPiece, normalizers::BertNormalizer,
+        pre_tokenizers::bert::BertPreTokenizer,
+    };
+    let vocab: ahash::AHashMap<String, u32> = MINILM_VOCAB
+        .lines()
+        .enumerate()
+        .map(|(i, p)| (p.to_string(), i as u32))
+        .collect();
+    let model = WordPiece::builder()
+        .vocab(vocab)
+        .unk_token("[UNK]".into())
+        .continuing_subword_prefix("##".into())
+        .max_input_chars_per_word(MAX_WORD_CHARS)
+        .build()
+        .expect("a WordPiece model");
+    let mut t = Tokenizer::new(model);
+    t.with_normalizer(Some(BertNormalizer::new(true, true, None, true)));
+    t.with_pre_tokenizer(Some(BertPreTokenizer));
+    t
+}
+
 /// Why a vocabulary was refused.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum VocabError {

@@ -7,31 +7,6 @@
 #![cfg(feature = "wordpiece-reference")]
 
 use kinference_classify::wordpiece;
-use tokenizers::{
-    Tokenizer, models::wordpiece::WordPiece, normalizers::BertNormalizer,
-    pre_tokenizers::bert::BertPreTokenizer,
-};
-
-const VOCAB: &str = include_str!("../model/minilm-vocab.txt");
-
-fn reference() -> Tokenizer {
-    let vocab: ahash::AHashMap<String, u32> = VOCAB
-        .lines()
-        .enumerate()
-        .map(|(i, p)| (p.to_string(), i as u32))
-        .collect();
-    let model = WordPiece::builder()
-        .vocab(vocab)
-        .unk_token("[UNK]".into())
-        .continuing_subword_prefix("##".into())
-        .max_input_chars_per_word(100)
-        .build()
-        .expect("a WordPiece model");
-    let mut t = Tokenizer::new(model);
-    t.with_normalizer(Some(BertNormalizer::new(true, true, None, true)));
-    t.with_pre_tokenizer(Some(BertPreTokenizer));
-    t
-}
 
 const TEXTS: &[&str] = &[
     "What is the capital of France?",
@@ -59,7 +34,7 @@ const TEXTS: &[&str] = &[
 #[test]
 fn ids_match_the_tokenizers_crate() {
     let ours = wordpiece::minilm();
-    let theirs = reference();
+    let theirs = wordpiece::reference();
     let long_word = "x".repeat(150);
     let mut texts: Vec<String> = TEXTS.iter().map(|t| t.to_string()).collect();
     texts.push(format!("a {long_word} b"));

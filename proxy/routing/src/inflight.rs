@@ -100,7 +100,11 @@ pub struct FirstToken {
 }
 
 /// An empty ledger to borrow where no notices are kept.
-pub static NONE: InFlight = InFlight::EMPTY;
+pub static NONE: InFlight = InFlight {
+    requests: Vec::new(),
+    queued_prefill_tokens: 0,
+    awaiting_first_token: 0,
+};
 
 /// The in-flight requests of one endpoint.
 #[derive(Clone, Debug, Default)]
@@ -111,13 +115,6 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    /// No request: the other proxies' ledger of a router that receives no notices.
-    pub const EMPTY: Self = Self {
-        requests: Vec::new(),
-        queued_prefill_tokens: 0,
-        awaiting_first_token: 0,
-    };
-
     /// Records a dispatched request; its uncached tokens join the queued prefill work at once.
     pub fn dispatch(&mut self, request: InFlightRequest) {
         if request.first_token_at.is_none() {
