@@ -7,7 +7,7 @@
 
 use kinference_classify::Role;
 use kinference_openai::PromptText;
-use kinference_proxy_signals::{PromptRef, Tokenizer};
+use kinference_proxy_signals::{PromptRef, Tokenizer, tokenizer::hf::EncodeError};
 use kinference_routing::{BlockHasher, ModelName};
 use std::collections::HashMap;
 
@@ -29,7 +29,7 @@ impl PromptHasher {
             .iter()
             .map(|m| ModelName::from(m.as_str()))
             .filter_map(|m| {
-                let t = *tokenizers.get(&m)?;
+                let t = tokenizers.get(&m)?.clone();
                 Some((m, t))
             })
             .collect();
@@ -37,17 +37,34 @@ impl PromptHasher {
             return None;
         }
         let mut tokens: Vec<(Tokenizer, Vec<u32>)> = Vec::new();
+        let mut failed: Vec<&Tokenizer> = Vec::new();
         for (_, t) in &by_model {
-            if tokens.iter().all(|(have, _)| have != t) {
-                tokens.push((*t, tokenize(*t, prompt)));
+            if tokens.iter().any(|(have, _)| have == t) || failed.contains(&t) {
+                continue;
             }
+            match tokenize(t, prompt) {
+                Ok(ids) => tokens.push((t.clone(), ids)),
+                // The model's template refused the prompt (vLLM will too): no precise index for
+                // its pools, and the server's answer says why.
+                Err(error) => {
+                    tracing::debug!(tokenizer = t.name(), %error, "prompt not tokenized");
+                    failed.push(t);
+                }
+            }
+        }
+        let by_model: Vec<(ModelName, Tokenizer)> = by_model
+            .into_iter()
+            .filter(|(_, t)| tokens.iter().any(|(have, _)| have == t))
+            .collect();
+        if by_model.is_empty() {
+            return None;
         }
         Some(Self { by_model, tokens })
     }
 
-    fn tokens_of(&self, model: &ModelName) -> Option<(Tokenizer, &[u32])> {
-        let t = self.by_model.iter().find(|(m, _)| m == model)?.1;
-        let tokens = &self.tokens.iter().find(|(have, _)| *have == t)?.1;
+    fn tokens_of(&self, model: &ModelName) -> Option<(&Tokenizer, &[u32])> {
+        let t = &self.by_model.iter().find(|(m, _)| m == model)?.1;
+        let tokens = &self.tokens.iter().find(|(have, _)| have == t)?.1;
         Some((t, tokens))
     }
 }
@@ -64,7 +81,7 @@ impl BlockHasher for PromptHasher {
     }
 }
 
-fn tokenize(t: Tokenizer, prompt: &PromptText) -> Vec<u32> {
+fn tokenize(t: &Tokenizer, prompt: &PromptText) -> Result<Vec<u32>, EncodeError> {
     match prompt {
         PromptText::Completion(text) => t.tokens(PromptRef::Completion(text)),
         PromptText::Chat(turns) => {

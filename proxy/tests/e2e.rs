@@ -563,7 +563,9 @@ async fn long_prompt_returns_to_its_prefix_unless_another_is_faster_and_saturati
     // (the pool's tokenizer contract counts them as the replica fills them).
     let t = Tokenizer::KinferenceSim;
     let turns = [("user", prefix.as_str())];
-    let prefix_blocks = t.block_hashes(&t.tokens(PromptRef::Chat(&turns)), 16).len() as u64;
+    let prefix_blocks = t
+        .block_hashes(&t.tokens(PromptRef::Chat(&turns)).unwrap(), 16)
+        .len() as u64;
     assert!(prefix_blocks > 60, "{prefix_blocks}");
     let e = env.wait_for_blocks_held(&holder, prefix_blocks).await;
     assert_eq!(e["kv_events"]["precise"], true, "{e}");

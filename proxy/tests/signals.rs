@@ -252,7 +252,9 @@ async fn kv_events_feed_the_precise_index_and_non_stream_answers_feed_the_predic
     );
     let t = Tokenizer::KinferenceSim;
     let turns = [("user", prompt.as_str())];
-    let prompt_blocks = t.block_hashes(&t.tokens(PromptRef::Chat(&turns)), 16).len() as u64;
+    let prompt_blocks = t
+        .block_hashes(&t.tokens(PromptRef::Chat(&turns)).unwrap(), 16)
+        .len() as u64;
     assert!(prompt_blocks > 50, "{prompt_blocks}");
     let (holder, body) = env.chat(&prompt, "kv-0").await;
     assert!(ids.contains(&holder), "{holder}");

