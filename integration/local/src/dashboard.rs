@@ -28,7 +28,11 @@ impl Dashboard {
             .await
             .with_context(|| format!("binding viz to {listen}"))?;
         let addr = listener.local_addr()?;
-        let replicas: Vec<String> = stack.sims.iter().map(|s| s.addr.to_string()).collect();
+        let replicas: Vec<String> = stack
+            .replicas()
+            .iter()
+            .map(|(_, a)| a.to_string())
+            .collect();
         let config = crate::prometheus::prometheus_config(
             &[stack.proxy.admin.to_string()],
             &replicas,

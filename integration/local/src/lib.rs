@@ -18,9 +18,11 @@ pub mod process;
 pub mod program;
 #[cfg(feature = "binary")]
 pub mod prometheus;
+pub mod reaper;
 pub mod stack;
+pub mod vllm;
 
 pub use self::{
     program::{Program, Programs, target_dir, workspace_binary, workspace_root},
-    stack::{Addrs, Controller, Proxy, Sim, Stack, StackOptions},
+    stack::{Addrs, Controller, Engine, Proxy, Sim, Stack, StackOptions, VllmEngine, VllmReplica},
 };

@@ -13,14 +13,17 @@ use std::{collections::BTreeMap, path::Path};
 /// The offset of a replica's KV-event port from its serving port (the pools' annotation `+1`).
 pub const KV_EVENTS_PORT_OFFSET: u16 = 1;
 
-/// The tokenizer contract of the simulated fleet, for the pools' annotation.
+/// The tokenizer contract of the simulated fleet, for the pools' annotation (the default).
 pub const KV_EVENTS_TOKENIZER: &str = "kinference-sim";
 
 /// How the manifests are rewritten beyond the ports.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Rewrite {
     /// Annotate the pools of the models in `ports` to use their replicas' KV events.
     pub kv_events: bool,
+    /// The pools' `kinference.io/kv-events-tokenizer` with `kv_events`: [`KV_EVENTS_TOKENIZER`]
+    /// when unset, `hf:<model directory>` for real vLLM serving that model's tokenizer.
+    pub kv_events_tokenizer: Option<String>,
     /// Fail when a model of the manifests has no port, so that a benchmark never runs
     /// half-configured (otherwise its slices are dropped and its pool is left as it is).
     pub every_model: bool,
@@ -89,7 +92,7 @@ pub fn rewrite(
                     if sliced.contains(&model) {
                         continue;
                     }
-                    for (i, port) in ports_of(ports, &model, how)?.iter().enumerate() {
+                    for (i, port) in ports_of(ports, &model, &how)?.iter().enumerate() {
                         out.push(slice(&doc, &model, i, *port));
                     }
                     sliced.push(model);
@@ -108,10 +111,14 @@ pub fn rewrite(
                             continue;
                         }
                     };
-                    let ps = ports_of(ports, &model, how)?;
+                    let ps = ports_of(ports, &model, &how)?;
                     if !ps.is_empty() {
                         if how.kv_events {
-                            annotate_kv_events(&mut doc);
+                            let tokenizer = how
+                                .kv_events_tokenizer
+                                .as_deref()
+                                .unwrap_or(KV_EVENTS_TOKENIZER);
+                            annotate_kv_events(&mut doc, tokenizer);
                         }
                         doc["spec"]["targetPorts"] = Value::Sequence(
                             ps.iter()
@@ -195,7 +202,7 @@ fn model_label(doc: &Value) -> Option<String> {
 fn ports_of<'a>(
     ports: &'a BTreeMap<String, Vec<u16>>,
     model: &str,
-    how: Rewrite,
+    how: &Rewrite,
 ) -> anyhow::Result<&'a [u16]> {
     match ports.get(model).filter(|p| !p.is_empty()) {
         Some(p) => Ok(p),
@@ -216,13 +223,13 @@ fn slice(template: &Value, model: &str, i: usize, port: u16) -> Value {
 }
 
 /// Adds the KV-event annotations (docs/proxy.md, "KV events") to an InferencePool document.
-fn annotate_kv_events(pool: &mut Value) {
+fn annotate_kv_events(pool: &mut Value, tokenizer: &str) {
     if !pool["metadata"]["annotations"].is_mapping() {
         pool["metadata"]["annotations"] = Value::Mapping(serde_yaml::Mapping::new());
     }
     let a = &mut pool["metadata"]["annotations"];
     a["kinference.io/kv-events-port"] = Value::from(format!("+{KV_EVENTS_PORT_OFFSET}"));
-    a["kinference.io/kv-events-tokenizer"] = Value::from(KV_EVENTS_TOKENIZER);
+    a["kinference.io/kv-events-tokenizer"] = Value::from(tokenizer);
 }
 
 #[cfg(test)]
@@ -312,5 +319,32 @@ mod tests {
             .find(|p| p["metadata"]["name"] == "qwen-3.6-27b")
             .unwrap();
         assert!(qwen["metadata"]["annotations"].is_null(), "{qwen:?}");
+    }
+
+    #[test]
+    fn a_run_sets_its_own_tokenizer_contract() {
+        let ports = BTreeMap::from([
+            ("glm-5.3".to_string(), vec![9001]),
+            ("qwen-3.6-27b".to_string(), vec![9003]),
+        ]);
+        let dst = tempfile::tempdir().unwrap();
+        let how = Rewrite {
+            kv_events: true,
+            kv_events_tokenizer: Some("hf:/opt/tiny-model".into()),
+            ..Rewrite::default()
+        };
+        rewrite(
+            &workspace_root().join("examples"),
+            dst.path(),
+            &ports,
+            how,
+            &|_| {},
+        )
+        .unwrap();
+        for pool in pools(dst.path()) {
+            let a = &pool["metadata"]["annotations"];
+            assert_eq!(a["kinference.io/kv-events-tokenizer"], "hf:/opt/tiny-model");
+            assert_eq!(a["kinference.io/kv-events-port"], "+1");
+        }
     }
 }

@@ -46,3 +46,20 @@ impl Deadline {
         self.0.saturating_duration_since(std::time::Instant::now())
     }
 }
+
+/// Time since a start on the OS clock, for blocking waits on real processes that report how
+/// long they have waited.
+#[derive(Copy, Clone, Debug)]
+pub struct Stopwatch(std::time::Instant);
+
+// The OS clock, as for `Deadline`.
+#[allow(clippy::disallowed_methods)]
+impl Stopwatch {
+    pub fn start() -> Self {
+        Self(std::time::Instant::now())
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.0.elapsed()
+    }
+}

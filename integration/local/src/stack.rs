@@ -8,11 +8,19 @@
 //! the annotations that make the proxy subscribe, so the proxy routes on its precise prefix index,
 //! as it would against a real fleet with KV events on. Which executable runs each component is a
 //! [`Programs`].
+//!
+//! With [`Engine::Vllm`] the replicas are real vLLM on this machine's CPU ([`crate::vllm`]) in
+//! place of the simulators: the same ports-and-manifests rewrite, KV events on port + 1, and the
+//! pools' tokenizer contract `hf:<the tiny model's directory>`. They take minutes to start; the
+//! stack waits for them before it starts the controller and the proxy, and a [`Reaper`] stops
+//! them if this process goes without stopping them itself.
 
 use crate::{
     manifests::{self, KV_EVENTS_PORT_OFFSET, Rewrite},
     process::{Proc, Stderr, addr_field},
     program::{Program, Programs, workspace_root},
+    reaper::Reaper,
+    vllm,
 };
 use anyhow::{Context as _, bail};
 use serde_yaml::Value;
@@ -120,6 +128,125 @@ fn spawn_sim_on(
         kv_events_port,
         proc,
     })
+}
+
+/// One real vLLM replica.
+#[derive(Debug)]
+pub struct VllmReplica {
+    /// The model it serves (`--served-model-name`).
+    pub model: String,
+    pub addr: SocketAddr,
+    /// The port it publishes KV events on, when it does.
+    pub kv_events_port: Option<u16>,
+    /// The process (its group is stopped when this is dropped).
+    pub server: vllm::Server,
+}
+
+/// Which engine serves the models.
+#[derive(Clone, Debug, Default)]
+pub enum Engine {
+    /// `vllm-sim` replicas (the default): they start in a moment and run at `time_scale`.
+    #[default]
+    Sim,
+    /// Real vLLM on this machine's CPU.
+    Vllm(VllmEngine),
+}
+
+/// How the real vLLM replicas of [`Engine::Vllm`] are run.
+#[derive(Clone, Debug)]
+pub struct VllmEngine {
+    pub install: vllm::Install,
+    /// How long every replica has to answer `GET /v1/models`.
+    pub start_timeout: Duration,
+    /// Report the start-up's progress on stderr (it takes minutes).
+    pub progress: bool,
+    /// Where each replica's log goes (`vllm-MODEL-PORT.log`); the temporary directory by default.
+    pub log_dir: Option<PathBuf>,
+}
+
+impl VllmEngine {
+    pub fn new(install: vllm::Install) -> Self {
+        Self {
+            install,
+            start_timeout: Duration::from_secs(900),
+            progress: false,
+            log_dir: None,
+        }
+    }
+
+    /// The pools' tokenizer contract: the tokenizer vLLM serves the model with.
+    pub fn tokenizer(&self) -> String {
+        format!("hf:{}", self.install.tokenizer_dir().display())
+    }
+}
+
+/// Starts the vLLM replicas of `opts` side by side and waits for all of them; each process group
+/// is handed to `reaper` as soon as it exists.
+fn start_vllm(
+    e: &VllmEngine,
+    opts: &StackOptions,
+    reaper: &mut Reaper,
+) -> anyhow::Result<Vec<VllmReplica>> {
+    let log_dir = e.log_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let mut replicas = Vec::new();
+    for (model, n) in &opts.replicas {
+        for _ in 0..*n {
+            let port = vllm::port_pair()?;
+            let mut o = vllm::Options::new(model, port);
+            o.kv_events_port = opts.kv_events.then(|| port + KV_EVENTS_PORT_OFFSET);
+            o.log = log_dir.join(format!("vllm-{model}-{port}.log"));
+            let server = vllm::Server::spawn(&e.install, &o)
+                .with_context(|| format!("starting vLLM for {model}"))?;
+            reaper.watch(server.id())?;
+            replicas.push(VllmReplica {
+                model: model.clone(),
+                addr: SocketAddr::from(([127, 0, 0, 1], port)),
+                kv_events_port: o.kv_events_port,
+                server,
+            });
+        }
+    }
+    let say = |line: String| {
+        if e.progress {
+            eprintln!("kinference-local: {line}");
+        }
+    };
+    let names: Vec<(u16, String)> = replicas
+        .iter()
+        .map(|r| (r.addr.port(), format!("{} on {}", r.model, r.addr)))
+        .collect();
+    let all: Vec<&str> = names.iter().map(|(_, n)| n.as_str()).collect();
+    say(format!(
+        "starting {} vLLM replica(s): {} (logs in {}); this takes 1-5 minutes",
+        replicas.len(),
+        all.join(", "),
+        log_dir.display()
+    ));
+    let mut servers: Vec<&mut vllm::Server> = replicas.iter_mut().map(|r| &mut r.server).collect();
+    vllm::wait_all_ready(
+        &mut servers,
+        e.start_timeout,
+        Duration::from_secs(15),
+        &mut |p| {
+            let line = if p.waiting.is_empty() {
+                format!("vLLM: all {} ready", p.ready.len())
+            } else {
+                let left: Vec<&str> = names
+                    .iter()
+                    .filter(|(port, _)| p.waiting.contains(port))
+                    .map(|(_, n)| n.as_str())
+                    .collect();
+                format!(
+                    "vLLM: {}/{} ready, waiting for {}",
+                    p.ready.len(),
+                    p.ready.len() + p.waiting.len(),
+                    left.join(", ")
+                )
+            };
+            say(format!("{line} ({:.0} s)", p.elapsed.as_secs_f64()));
+        },
+    )?;
+    Ok(replicas)
 }
 
 /// The controller process.
@@ -284,6 +411,11 @@ pub struct StackOptions {
     pub addrs: Addrs,
     /// The manifests to serve, rewritten (the workspace's `examples/` by default).
     pub manifests: PathBuf,
+    /// Simulated replicas (the default) or real vLLM.
+    pub engine: Engine,
+    /// The pools' `kinference.io/kv-events-tokenizer` (with `kv_events`): by default the engine's,
+    /// `kinference-sim` for the simulator and `hf:<model directory>` for vLLM.
+    pub kv_events_tokenizer: Option<String>,
 }
 
 impl Default for StackOptions {
@@ -298,6 +430,8 @@ impl Default for StackOptions {
             log_dir: None,
             addrs: Addrs::default(),
             manifests: workspace_root().join("examples"),
+            engine: Engine::Sim,
+            kv_events_tokenizer: None,
         }
     }
 }
@@ -314,43 +448,62 @@ pub struct Stack {
     pub log_dir: Option<PathBuf>,
     /// Children's logs are discarded when set and there is no `log_dir`.
     pub quiet: bool,
+    /// The real vLLM replicas, with [`Engine::Vllm`] (`sims` is then empty).
+    pub vllm: Vec<VllmReplica>,
+    /// Stops the vLLM replicas if this process goes without dropping the stack. Last: it is
+    /// dropped after them, and then finds nothing to stop.
+    _reaper: Option<Reaper>,
 }
 
 impl Stack {
-    /// Starts simulators, the controller on rewritten copies of the manifests (`patch` as in
-    /// [`manifests::rewrite`]), and the proxy.
+    /// Starts the replicas (simulators, or real vLLM as `opts.engine` says), the controller on
+    /// rewritten copies of the manifests (`patch` as in [`manifests::rewrite`]), and the proxy.
     pub fn start(
         programs: &Programs,
         opts: &StackOptions,
         patch: &dyn Fn(&mut Value),
     ) -> anyhow::Result<Self> {
-        let spawn = if opts.kv_events {
-            spawn_sim_with_kv_events
-        } else {
-            spawn_sim
-        };
         let mut sims = Vec::new();
-        for (profile, n) in &opts.replicas {
-            for _ in 0..*n {
-                sims.push(spawn(
-                    &programs.vllm_sim,
-                    profile,
-                    opts.time_scale,
-                    &opts.sim_args,
-                    opts.quiet,
-                )?);
+        let mut vllm = Vec::new();
+        let mut reaper = None;
+        let engine_tokenizer = match &opts.engine {
+            Engine::Sim => {
+                let spawn = if opts.kv_events {
+                    spawn_sim_with_kv_events
+                } else {
+                    spawn_sim
+                };
+                for (profile, n) in &opts.replicas {
+                    for _ in 0..*n {
+                        sims.push(spawn(
+                            &programs.vllm_sim,
+                            profile,
+                            opts.time_scale,
+                            &opts.sim_args,
+                            opts.quiet,
+                        )?);
+                    }
+                }
+                None
             }
-        }
+            Engine::Vllm(e) => {
+                let r = reaper.insert(Reaper::start()?);
+                vllm = start_vllm(e, opts, r)?;
+                Some(e.tokenizer())
+            }
+        };
         let mut ports: BTreeMap<String, Vec<u16>> = BTreeMap::new();
-        for s in &sims {
-            ports
-                .entry(s.model.clone())
-                .or_default()
-                .push(s.addr.port());
+        let replicas = sims
+            .iter()
+            .map(|s| (&s.model, s.addr))
+            .chain(vllm.iter().map(|v| (&v.model, v.addr)));
+        for (model, addr) in replicas {
+            ports.entry(model.clone()).or_default().push(addr.port());
         }
         let manifests = tempfile::tempdir().context("creating the manifest directory")?;
         let how = Rewrite {
             kv_events: opts.kv_events,
+            kv_events_tokenizer: opts.kv_events_tokenizer.clone().or(engine_tokenizer),
             ..Rewrite::default()
         };
         manifests::rewrite(&opts.manifests, manifests.path(), &ports, how, patch)?;
@@ -386,7 +539,18 @@ impl Stack {
             manifests,
             log_dir: opts.log_dir.clone(),
             quiet: opts.quiet,
+            vllm,
+            _reaper: reaper,
         })
+    }
+
+    /// (model, address) of every replica, simulated or real.
+    pub fn replicas(&self) -> Vec<(String, SocketAddr)> {
+        self.sims
+            .iter()
+            .map(|s| (s.model.clone(), s.addr))
+            .chain(self.vllm.iter().map(|v| (v.model.clone(), v.addr)))
+            .collect()
     }
 
     /// What `name` (`controller` or `proxy`) has logged so far; empty without a `log_dir`.
