@@ -13,7 +13,7 @@
 use crate::router::RouterHandle;
 use kinference_decision::Policy;
 use kinference_proxy_discovery::Endpoints;
-use kinference_proxy_signals::Tokenizer;
+use kinference_proxy_signals::{Engine, Tokenizer};
 use kinference_routing::{EndpointId, EndpointMeta, KvEvent, ModelName, Time};
 use parking_lot::RwLock;
 use std::{collections::HashMap, net::SocketAddr, sync::Arc};
@@ -29,6 +29,8 @@ pub struct EndpointInfo {
     pub pool: String,
     /// Where the endpoint publishes KV events, when its pool does.
     pub kv_events: Option<KvSubscription>,
+    /// The model server it runs, whose metrics the scraper reads.
+    pub engine: Engine,
 }
 
 /// One endpoint's KV-event publisher.
@@ -256,6 +258,18 @@ impl EndpointTable {
     }
 }
 
+/// The model's engine: vLLM unless its pool names another (and vLLM, with a warning, for a name
+/// the proxy cannot read: the scrape then fails visibly rather than reading the wrong names).
+fn engine_of(m: &kinference_decision::policy::Model) -> Engine {
+    if m.engine.is_empty() {
+        return Engine::Vllm;
+    }
+    Engine::parse(&m.engine).unwrap_or_else(|| {
+        tracing::warn!(model = %m.name, engine = %m.engine, "unknown engine: reading vLLM's metric names");
+        Engine::Vllm
+    })
+}
+
 /// The endpoints the policy's pools have, first model of an address wins.
 fn desired(
     policy: &Policy,
@@ -301,6 +315,7 @@ fn desired(
                 served_name: m.served_name.clone(),
                 pool: m.pool.clone(),
                 kv_events,
+                engine: engine_of(m),
             };
             desired.insert(id, (info, meta));
         }
@@ -405,6 +420,29 @@ mod tests {
             t.tokenizers().get(&ModelName::from("glm-5.3")),
             Some(&Tokenizer::KinferenceSim)
         );
+    }
+
+    #[tokio::test]
+    async fn each_endpoint_is_read_as_its_pools_engine() {
+        let (t, r) = (EndpointTable::default(), RouterHandle::default());
+        let mut p = policy();
+        for m in &mut p.models {
+            m.engine = match m.name.as_str() {
+                "glm-5.3" => "sglang".into(),
+                _ => "tgi".into(),
+            };
+        }
+        t.sync(&p, &endpoints(&[("glm-5.3", 1), ("qwen-3.6-27b", 3)]), &r);
+        let engine = |port: u16| {
+            t.info(&EndpointId::from(format!("127.0.0.1:{port}")))
+                .unwrap()
+                .engine
+        };
+        assert_eq!(engine(1), Engine::Sglang);
+        // An engine the proxy cannot read is read as vLLM, with a warning.
+        assert_eq!(engine(3), Engine::Vllm);
+        t.sync(&policy(), &endpoints(&[("glm-5.3", 1)]), &r);
+        assert_eq!(engine(1), Engine::Vllm, "no engine named: vLLM");
     }
 
     #[tokio::test]

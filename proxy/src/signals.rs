@@ -236,10 +236,13 @@ async fn scrape_loop(
         tick.tick().await;
         let started = Instant::now();
         let (scraped, load) = if poll_load {
-            let (m, l) = tokio::join!(scraper.scrape(&url), scraper.server_load(&load_url));
+            let (m, l) = tokio::join!(
+                scraper.scrape_engine(&url, endpoint.engine),
+                scraper.server_load(&load_url)
+            );
             (m, Some(l))
         } else {
-            (scraper.scrape(&url).await, None)
+            (scraper.scrape_engine(&url, endpoint.engine).await, None)
         };
         let server_load = match load {
             Some(Ok(n)) => Some(n),
@@ -301,6 +304,89 @@ async fn scrape_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Serves `body` at every path of a loopback listener, as a plain HTTP/1.1 server.
+    async fn serve(body: &'static str) -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    let head = String::from_utf8_lossy(&buf[..n]);
+                    let rsp = if head.starts_with("GET /metrics") {
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        )
+                    } else {
+                        "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_string()
+                    };
+                    let _ = s.write_all(rsp.as_bytes()).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// A pool annotated `kinference.io/engine: sglang` is scraped with SGLang's names over a real
+    /// socket: the router sees the exposition's running and queued requests and KV usage.
+    #[tokio::test]
+    async fn an_sglang_pool_is_scraped_with_sglangs_metric_names() {
+        let addr = serve(include_str!("../signals/tests/fixtures/sglang/metrics.txt")).await;
+        let mut p = kinference_proxy_discovery::convert::policy(
+            &kinference_proxy_discovery::testing::example_proto(),
+        );
+        for m in &mut p.models {
+            m.engine = "sglang".into();
+        }
+        let table = EndpointTable::default();
+        let router = RouterHandle::default();
+        let mut by_backend = std::collections::BTreeMap::new();
+        by_backend.insert(
+            p.models[0].destination_path.clone(),
+            vec![kinference_proxy_discovery::Endpoint {
+                addr,
+                labels: Default::default(),
+            }],
+        );
+        table.sync(
+            &p,
+            &kinference_proxy_discovery::Endpoints { by_backend },
+            &router,
+        );
+        let task = spawn(
+            table.clone(),
+            router.clone(),
+            crate::metrics::Metrics::new().signals,
+            Duration::from_millis(20),
+            Duration::from_secs(1),
+        );
+        let id = EndpointId::from(addr.to_string());
+        let seen = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let s = router.read(|r, _| {
+                    r.signals(&id).map(|s| {
+                        (
+                            s.num_requests_running.map(|o| o.value),
+                            s.num_requests_waiting.map(|o| o.value),
+                            s.kv_cache_usage.map(|o| o.value),
+                        )
+                    })
+                });
+                if let Some((Some(running), Some(waiting), Some(kv))) = s {
+                    return (running, waiting, kv);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the SGLang endpoint is scraped");
+        task.abort();
+        assert_eq!(seen, (12, 5, 0.31));
+    }
 
     #[test]
     fn converts_vllm_metrics_to_a_scrape() {

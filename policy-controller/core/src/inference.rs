@@ -110,6 +110,44 @@ pub struct Model {
     pub price: Price,
     /// Set when the pool's endpoints publish vLLM KV events.
     pub kv_events: Option<KvEvents>,
+    /// The model server the pool's endpoints run, whose metrics the proxy reads.
+    pub engine: Engine,
+}
+
+/// The model server of a pool's endpoints, from the InferencePool's `kinference.io/engine`
+/// annotation: which metric names the proxy reads. vLLM unless it says otherwise.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Engine {
+    #[default]
+    Vllm,
+    Sglang,
+}
+
+impl Engine {
+    /// `kinference.io/engine`: `vllm` (the default) or `sglang`.
+    pub const ANNOTATION: &'static str = "kinference.io/engine";
+
+    /// The engine a pool's annotations name: vLLM without the annotation, `Err` naming it when
+    /// its value is not an engine the proxy reads.
+    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<Self, String> {
+        match annotations.get(Self::ANNOTATION).map(|v| v.trim()) {
+            None => Ok(Self::Vllm),
+            Some(v) if v.eq_ignore_ascii_case("vllm") => Ok(Self::Vllm),
+            Some(v) if v.eq_ignore_ascii_case("sglang") => Ok(Self::Sglang),
+            Some(v) => Err(format!(
+                "annotation {}: {v:?} is not an engine the proxy reads (vllm, sglang)",
+                Self::ANNOTATION
+            )),
+        }
+    }
+
+    /// The name the discovery API carries.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Vllm => "vllm",
+            Self::Sglang => "sglang",
+        }
+    }
 }
 
 /// Where a pool's endpoints publish vLLM KV events, from the InferencePool's annotations
@@ -431,6 +469,18 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn the_engine_from_pool_annotations() {
+        assert_eq!(
+            Engine::from_annotations(&annotations(&[])),
+            Ok(Engine::Vllm)
+        );
+        let e = |v| Engine::from_annotations(&annotations(&[(Engine::ANNOTATION, v)]));
+        assert_eq!(e(" SGLang "), Ok(Engine::Sglang));
+        assert_eq!(e("vllm"), Ok(Engine::Vllm));
+        assert!(e("tgi").unwrap_err().contains("kinference.io/engine"));
     }
 
     #[test]

@@ -302,6 +302,7 @@ fn model(m: &core::Model) -> api::Model {
             pool: Some(resource(&m.pool.resource())),
             destination_path: m.pool.destination_path(),
             kv_events: m.kv_events.as_ref().map(kv_events),
+            engine: m.engine.name().to_string(),
         }),
         prior: Some(api::Prior {
             prefill_tokens_per_second: m.prior.prefill_tokens_per_second,
@@ -548,6 +549,7 @@ mod tests {
                     topic: "kv".into(),
                     tokenizer: "kinference-sim".into(),
                 }),
+                engine: core::Engine::Sglang,
             }],
             aliases: vec![],
             rules: vec![Rule {
@@ -636,6 +638,7 @@ mod tests {
         assert_eq!(m.served_name, "Qwen/Qwen3.6-27B");
         let backend = m.backend.as_ref().unwrap();
         assert_eq!(backend.destination_path, pool.destination_path());
+        assert_eq!(backend.engine, "sglang");
         let kv = backend.kv_events.as_ref().unwrap();
         assert_eq!(kv.port, Some(api::kv_events::Port::Offset(1000)));
         assert_eq!(

@@ -97,6 +97,7 @@ fn policy() -> Policy {
         prior: ModelPrior::default(),
         price: Default::default(),
         kv_events: None,
+        engine: String::new(),
     };
     Policy {
         revision: "bench".into(),

@@ -163,6 +163,9 @@ pub struct Model {
     pub price: Price,
     /// Set when the pool's endpoints publish vLLM KV events.
     pub kv_events: Option<KvEvents>,
+    /// The model server the pool's endpoints run (`vllm`, also when empty, or `sglang`): whose
+    /// metric names the proxy reads.
+    pub engine: String,
 }
 
 /// Where a pool's endpoints publish vLLM KV events, and the tokenizer contract that matches
@@ -388,6 +391,7 @@ pub(crate) mod tests {
                 completion_per_million_tokens: price * 4.0,
             },
             kv_events: None,
+            engine: String::new(),
         };
         Policy {
             revision: "r1".into(),

@@ -214,6 +214,7 @@ fn model(m: &api::Model) -> Model {
         kv_events: backend
             .and_then(|b| b.kv_events.as_ref())
             .and_then(kv_events),
+        engine: backend.map(|b| b.engine.clone()).unwrap_or_default(),
     }
 }
 

@@ -22,6 +22,7 @@ pub fn example_proto() -> api::InferencePolicy {
             }),
             destination_path: format!("{name}.default.inferencepool.kinference.io"),
             kv_events: None,
+            engine: String::new(),
         }),
         prior: Some(api::Prior {
             prefill_tokens_per_second: tps,

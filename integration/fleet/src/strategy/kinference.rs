@@ -115,6 +115,7 @@ pub fn policy_variant(
                 completion_per_million_tokens: p.completion_per_million,
             }),
             kv_events: None,
+            engine: String::new(),
         });
     }
     let all: Vec<String> = models.iter().map(|m| m.name.clone()).collect();

@@ -263,10 +263,8 @@ impl Index {
                 // appearing changes them. Its endpoints follow its spec.
                 match s.pools.get(&id) {
                     None => s.affect_pool_existence(&id, &mut affected),
-                    // Its KV-event annotations travel in the policies that name it.
-                    Some(old)
-                        if inference::pool_kv_events(old) != inference::pool_kv_events(&r) =>
-                    {
+                    // Its KV-event and engine annotations travel in the policies that name it.
+                    Some(old) if inference::pool_settings(old) != inference::pool_settings(&r) => {
                         affected.policy_namespaces.insert(key.namespace.clone());
                         affected.pools_changed.insert(id.clone());
                     }

@@ -202,18 +202,19 @@ fn validate(
         return (validation, None, None);
     }
     // The parent is filled in by the caller.
-    let kv_events = |pool: &str| {
+    let pool_settings = |pool: &str| {
         store
             .pools
             .get(&(ns.clone(), pool.to_string()))
-            .and_then(pool_kv_events)
+            .map(pool_settings)
+            .unwrap_or_default()
     };
     match translate(
         ResourceRef::default(),
         source.clone(),
         resource,
         classifier,
-        &kv_events,
+        &pool_settings,
     ) {
         Ok(policy) => (validation, Some(policy), Some(source)),
         Err(message) => {
@@ -337,19 +338,33 @@ fn revision(policy: &PolicyResource, classifier: Option<&InferenceClassifier>) -
 
 /// The KV-event setting of a pool, from its annotations. A malformed value turns KV events
 /// off for the pool: its proxies keep the approximate prefix index, which is always safe.
-pub(crate) fn pool_kv_events(pool: &InferencePool) -> Option<KvEvents> {
-    let annotations = pool.metadata.annotations.as_ref()?;
-    KvEvents::from_annotations(annotations).ok().flatten()
+/// What a pool's annotations say about how its servers run, which travels in the policies that
+/// name it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct PoolSettings {
+    pub kv_events: Option<KvEvents>,
+    pub engine: core::Engine,
+}
+
+/// A malformed annotation is ignored (KV events off, vLLM's metric names), as a pool without it.
+pub(crate) fn pool_settings(pool: &InferencePool) -> PoolSettings {
+    let Some(annotations) = pool.metadata.annotations.as_ref() else {
+        return PoolSettings::default();
+    };
+    PoolSettings {
+        kv_events: KvEvents::from_annotations(annotations).ok().flatten(),
+        engine: core::Engine::from_annotations(annotations).unwrap_or_default(),
+    }
 }
 
 /// Translates a validated policy. Errors here are ones validation should have caught.
-/// `kv_events` gives the KV-event setting of a pool of the policy's namespace, by name.
+/// `pools` gives the settings of a pool of the policy's namespace, by name.
 pub(crate) fn translate(
     parent: ResourceRef,
     source: ResourceRef,
     resource: &PolicyResource,
     classifier: Option<&InferenceClassifier>,
-    kv_events: &dyn Fn(&str) -> Option<KvEvents>,
+    pools: &dyn Fn(&str) -> PoolSettings,
 ) -> Result<InferencePolicy, String> {
     let ns = &source.namespace.clone();
     let spec = &resource.spec;
@@ -436,7 +451,7 @@ pub(crate) fn translate(
         models: spec
             .models
             .iter()
-            .map(|m| model(ns, m, kv_events(&m.pool_ref.name)))
+            .map(|m| model(ns, m, pools(&m.pool_ref.name)))
             .collect(),
         aliases: spec
             .aliases
@@ -466,7 +481,7 @@ pub(crate) fn translate(
     })
 }
 
-fn model(ns: &str, m: &api::Model, kv_events: Option<KvEvents>) -> Model {
+fn model(ns: &str, m: &api::Model, pool: PoolSettings) -> Model {
     Model {
         name: m.name.clone(),
         served_name: m.served_name().to_string(),
@@ -490,7 +505,8 @@ fn model(ns: &str, m: &api::Model, kv_events: Option<KvEvents>) -> Model {
                 currency: p.currency().to_string(),
             })
             .unwrap_or_default(),
-        kv_events,
+        kv_events: pool.kv_events,
+        engine: pool.engine,
     }
 }
 

@@ -67,6 +67,7 @@ pub fn model(name: &str, path: &str) -> inf::Model {
             pool: None,
             destination_path: path.into(),
             kv_events: None,
+            engine: String::new(),
         }),
         ..Default::default()
     }

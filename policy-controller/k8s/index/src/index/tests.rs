@@ -963,6 +963,34 @@ fn pool_kv_event_annotations_reach_the_policy_and_republish_it() {
     apply_yaml(&mut index.write(), &annotated.replace("'+1000'", "'+0'"));
     assert!(inference.has_changed().unwrap());
     assert_eq!(kv(&inference, "glm-5.3"), Some(None));
+    // The engine annotation travels the same way: vLLM without it, SGLang when it says so, and
+    // vLLM again for a name the proxy cannot read.
+    let engine = |rx: &tokio::sync::watch::Receiver<InferencePolicyState>| {
+        rx.borrow()
+            .policy()
+            .and_then(|p| p.models.iter().find(|m| m.name == "glm-5.3").cloned())
+            .map(|m| m.engine)
+    };
+    assert_eq!(
+        engine(&inference),
+        Some(kinference_policy_core::inference::Engine::Vllm)
+    );
+    inference.mark_unchanged();
+    let sglang = POOLS.replace(
+        "metadata: {name: glm-5.3}",
+        "metadata:\n  name: glm-5.3\n  annotations: {kinference.io/engine: sglang}",
+    );
+    apply_yaml(&mut index.write(), &sglang);
+    assert!(inference.has_changed().unwrap());
+    assert_eq!(
+        engine(&inference),
+        Some(kinference_policy_core::inference::Engine::Sglang)
+    );
+    apply_yaml(&mut index.write(), &sglang.replace("sglang}", "tgi}"));
+    assert_eq!(
+        engine(&inference),
+        Some(kinference_policy_core::inference::Engine::Vllm)
+    );
 }
 
 mod last_good;
