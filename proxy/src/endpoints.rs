@@ -57,6 +57,31 @@ pub struct KvState {
     pub last_batch_at: Option<Time>,
     pub errors: u64,
     pub last_error: Option<String>,
+    /// Whether the pool's tokenizer contract tokenizes as this endpoint does (`hf:` contracts,
+    /// asked of its `POST /tokenize` before subscribing).
+    pub contract: Option<ContractCheck>,
+}
+
+/// What an endpoint's `POST /tokenize` said of the pool's tokenizer contract.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ContractCheck {
+    /// The engine gave the contract's ids for every probe prompt.
+    Verified,
+    /// It gave others: the endpoint's events are not used (its prompts would never match).
+    Mismatch(String),
+    /// It could not be asked (no such route, or no answer): the events are used unchecked.
+    Unchecked(String),
+}
+
+impl ContractCheck {
+    /// `verified`, `mismatch: WHY` or `unchecked: WHY`, for `/debug/endpoints`.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Verified => "verified".into(),
+            Self::Mismatch(why) => format!("mismatch: {why}"),
+            Self::Unchecked(why) => format!("unchecked: {why}"),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -219,6 +244,14 @@ impl EndpointTable {
             st.blocks_held = 0;
         }
         st.last_error = Some(error);
+    }
+
+    /// Records what `id`'s engine said of its pool's tokenizer contract.
+    pub fn record_contract(&self, id: &EndpointId, check: ContractCheck) {
+        let mut t = self.inner.write();
+        if t.endpoints.contains_key(id) {
+            t.kv.entry(id.clone()).or_default().contract = Some(check);
+        }
     }
 
     /// Records `id`'s context window in tokens.

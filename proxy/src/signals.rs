@@ -20,12 +20,13 @@
 //! an endpoint that must prefill them after all.
 
 use crate::{
-    endpoints::{EndpointInfo, EndpointTable, KvSubscription},
+    endpoints::{ContractCheck, EndpointInfo, EndpointTable, KvSubscription},
     metrics::{KvErrorLabels, PoolLabels, SignalMetrics},
     router::RouterHandle,
 };
 use kinference_proxy_signals::{
-    KvEventError, KvEventsConfig, ScrapeError, Scraper, VllmMetrics, subscribe_kv_events_with,
+    KvEventError, KvEventsConfig, ScrapeError, Scraper, Tokenizer, VllmMetrics,
+    subscribe_kv_events_with,
 };
 use kinference_routing::KvEvent;
 use kinference_routing::{
@@ -115,6 +116,7 @@ pub fn spawn(
                             endpoints.clone(),
                             router.clone(),
                             metrics.clone(),
+                            scraper.clone(),
                             e.clone(),
                             sub,
                         ))
@@ -156,10 +158,14 @@ impl Tasks {
 }
 
 /// Applies one endpoint's KV events until aborted (dropping the receiver stops the subscriber).
+/// A pool's `hf:` tokenizer contract is first checked against the endpoint's own tokenizer; an
+/// endpoint that tokenizes otherwise is not subscribed to, so its pool's prompts are matched on the
+/// approximate index there.
 async fn kv_loop(
     table: EndpointTable,
     router: RouterHandle,
     metrics: SignalMetrics,
+    scraper: Scraper,
     endpoint: EndpointInfo,
     sub: KvSubscription,
 ) {
@@ -167,6 +173,22 @@ async fn kv_loop(
         pool: endpoint.pool.clone(),
         model: endpoint.model.clone(),
     };
+    if let Some(Tokenizer::Hf(contract)) = &sub.tokenizer {
+        let check = check_contract(&scraper, &endpoint, contract).await;
+        if let ContractCheck::Mismatch(why) = &check {
+            tracing::warn!(
+                endpoint = %endpoint.id,
+                tokenizer = contract.name(),
+                %why,
+                "the pool's tokenizer does not tokenize as the engine does: its KV events are not used"
+            );
+        }
+        let mismatch = matches!(check, ContractCheck::Mismatch(_));
+        table.record_contract(&endpoint.id, check);
+        if mismatch {
+            return;
+        }
+    }
     let mut rx = subscribe_kv_events_with(KvEventsConfig::new(sub.publisher.clone(), sub.topic));
     tracing::debug!(endpoint = %endpoint.id, publisher = %sub.publisher, "subscribing to KV events");
     while let Some(item) = rx.recv().await {
@@ -197,6 +219,76 @@ async fn kv_loop(
             }
         }
     }
+}
+
+/// Prompts whose ids the engine and the contract must agree on: a chat (template, special tokens)
+/// and a completion (added special tokens).
+const PROBE_CHAT: [(&str, &str); 2] = [
+    ("system", "You are a helpful assistant."),
+    ("user", "Hello! What is 2 + 2? Answer in one word, please."),
+];
+const PROBE_COMPLETION: &str = "The quick brown fox jumps over the lazy dog.";
+/// How long an endpoint that does not answer yet is asked again, before its events are used
+/// unchecked.
+const CONTRACT_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Asks the endpoint's `POST /tokenize` for the probe prompts' ids and compares them with the
+/// contract's.
+async fn check_contract(
+    scraper: &Scraper,
+    endpoint: &EndpointInfo,
+    contract: &kinference_proxy_signals::tokenizer::hf::HfContract,
+) -> ContractCheck {
+    let Ok(url) = format!("http://{}/tokenize", endpoint.addr).parse::<http::Uri>() else {
+        return ContractCheck::Unchecked("no /tokenize URL".into());
+    };
+    let chat = serde_json::json!({
+        "model": endpoint.served_name,
+        "messages": PROBE_CHAT
+            .iter()
+            .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
+            .collect::<Vec<_>>(),
+    });
+    let completion = serde_json::json!({"model": endpoint.served_name, "prompt": PROBE_COMPLETION});
+    let started = Instant::now();
+    for (what, request, ours) in [
+        ("chat", chat, contract.chat_tokens(&PROBE_CHAT)),
+        (
+            "completion",
+            completion,
+            contract.completion_tokens(PROBE_COMPLETION),
+        ),
+    ] {
+        let ours = match ours {
+            Ok(ids) => ids,
+            Err(e) => return ContractCheck::Mismatch(format!("{what} probe: {e}")),
+        };
+        let theirs = loop {
+            match scraper.tokenize(&url, &request).await {
+                Ok(ids) => break ids,
+                Err(e @ ScrapeError::Status { .. }) => {
+                    return ContractCheck::Unchecked(e.to_string());
+                }
+                Err(e) if started.elapsed() >= CONTRACT_PATIENCE => {
+                    return ContractCheck::Unchecked(e.to_string());
+                }
+                Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+            }
+        };
+        if theirs != ours {
+            let at = theirs
+                .iter()
+                .zip(&ours)
+                .position(|(a, b)| a != b)
+                .unwrap_or(theirs.len().min(ours.len()));
+            return ContractCheck::Mismatch(format!(
+                "{what} probe: the engine gave {} ids and the contract {}, first differing at {at}",
+                theirs.len(),
+                ours.len()
+            ));
+        }
+    }
+    ContractCheck::Verified
 }
 
 fn kv_error_reason(e: &KvEventError) -> &'static str {
@@ -305,18 +397,25 @@ async fn scrape_loop(
 mod tests {
     use super::*;
 
-    /// Serves `body` at every path of a loopback listener, as a plain HTTP/1.1 server.
+    /// Serves `body` at `GET /metrics` of a loopback listener (404 elsewhere), as a plain HTTP/1.1
+    /// server.
     async fn serve(body: &'static str) -> std::net::SocketAddr {
+        serve_at("GET /metrics", body.to_string()).await
+    }
+
+    /// Serves `body` to requests whose head starts with `route` (404 to others).
+    async fn serve_at(route: &'static str, body: String) -> std::net::SocketAddr {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
             while let Ok((mut s, _)) = listener.accept().await {
+                let body = body.clone();
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 4096];
                     let n = s.read(&mut buf).await.unwrap_or(0);
                     let head = String::from_utf8_lossy(&buf[..n]);
-                    let rsp = if head.starts_with("GET /metrics") {
+                    let rsp = if head.starts_with(route) {
                         format!(
                             "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
                             body.len()
@@ -413,5 +512,114 @@ mod tests {
             ..VllmMetrics::default()
         });
         assert_eq!(empty, Scrape::default());
+    }
+
+    fn info(addr: std::net::SocketAddr) -> EndpointInfo {
+        EndpointInfo {
+            id: EndpointId::from(addr.to_string()),
+            addr,
+            model: "glm-5.3".into(),
+            served_name: "tiny".into(),
+            pool: "glm-5.3".into(),
+            kv_events: None,
+            engine: kinference_proxy_signals::Engine::Vllm,
+        }
+    }
+
+    /// A pool's `hf:` contract is held to the engine's own `POST /tokenize`: the same ids verify
+    /// it, other ids are a mismatch (its events are then not used), and an engine without the
+    /// route leaves it unchecked.
+    #[tokio::test]
+    async fn the_tokenizer_contract_is_checked_against_the_engines_tokenize() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/signals/tests/fixtures/vllm-0.32.0/tiny-model"
+        );
+        let Ok(Tokenizer::Hf(contract)) = Tokenizer::load(&format!("hf:{dir}")) else {
+            panic!("the tiny model's tokenizer loads");
+        };
+        let scraper = Scraper::new(Duration::from_secs(2));
+        let chat = contract.chat_tokens(&PROBE_CHAT).unwrap();
+        let completion = contract.completion_tokens(PROBE_COMPLETION).unwrap();
+        assert_ne!(chat, completion);
+        // One server answers every /tokenize with the chat ids: the chat probe agrees, the
+        // completion probe does not.
+        let addr = serve_at(
+            "POST /tokenize",
+            serde_json::json!({"tokens": chat}).to_string(),
+        )
+        .await;
+        let check = check_contract(&scraper, &info(addr), &contract).await;
+        let ContractCheck::Mismatch(why) = &check else {
+            panic!("{check:?}");
+        };
+        assert!(why.starts_with("completion probe"), "{why}");
+        // A server that tokenizes as the contract does verifies it.
+        let both = serde_json::json!({"chat": chat, "completion": completion});
+        let addr = serve_tokenize(both).await;
+        assert_eq!(
+            check_contract(&scraper, &info(addr), &contract).await,
+            ContractCheck::Verified
+        );
+        // An engine without the route (SGLang, an older vLLM): unchecked, with the reason.
+        let addr = serve("").await;
+        let check = check_contract(&scraper, &info(addr), &contract).await;
+        assert!(
+            matches!(&check, ContractCheck::Unchecked(why) if why.contains("404")),
+            "{check:?}"
+        );
+    }
+
+    /// `POST /tokenize` answered with `ids["chat"]` for a request with `messages`, else
+    /// `ids["completion"]`.
+    async fn serve_tokenize(ids: serde_json::Value) -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let ids = ids.clone();
+                tokio::spawn(async move {
+                    let mut req = Vec::new();
+                    let mut buf = vec![0u8; 4096];
+                    // Head and body: read until the body's declared length has arrived.
+                    loop {
+                        let n = s.read(&mut buf).await.unwrap_or(0);
+                        req.extend_from_slice(&buf[..n]);
+                        let text = String::from_utf8_lossy(&req);
+                        let Some(split) = text.find("\r\n\r\n") else {
+                            if n == 0 {
+                                return;
+                            }
+                            continue;
+                        };
+                        let len = text[..split]
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                            })
+                            .unwrap_or(0);
+                        if req.len() >= split + 4 + len || n == 0 {
+                            break;
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&req);
+                    let kind = if text.contains("\"messages\"") {
+                        "chat"
+                    } else {
+                        "completion"
+                    };
+                    let body = serde_json::json!({"tokens": ids[kind]}).to_string();
+                    let rsp = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = s.write_all(rsp.as_bytes()).await;
+                });
+            }
+        });
+        addr
     }
 }

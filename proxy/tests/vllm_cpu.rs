@@ -9,7 +9,7 @@
 //!
 //! Checked: chat and completions, non-stream and streamed with `include_usage`; vLLM's metrics
 //! parsed (block size 128, the hash algorithm, `num_requests_waiting_by_reason`) and `/load`
-//! read; KV events received; the precise index predicting, from the prompt text alone, the very
+//! read; the `hf:` contract verified against vLLM's `POST /tokenize`; KV events received; the precise index predicting, from the prompt text alone, the very
 //! `cached_tokens` vLLM then reports for repeated prompts sharing a prefix; cached tokens counted
 //! from the usage where vLLM reports them and, where it does not, estimated from the index to
 //! exactly vLLM's own `prefix_cache_hits_total`; an unknown model and an over-long prompt refused
@@ -168,6 +168,17 @@ async fn the_proxy_over_real_vllm() {
             "{e}"
         );
         assert_eq!(e["kv_events"]["precise"], true, "{e}");
+        // The contract tokenizes as vLLM does, asked of vLLM's `POST /tokenize`.
+        let e = wait_until(
+            "the tokenizer contract checked",
+            Duration::from_secs(60),
+            || async {
+                let e = client.endpoint(&id).await;
+                (!e["kv_events"]["contract"].is_null()).then_some(e)
+            },
+        )
+        .await;
+        assert_eq!(e["kv_events"]["contract"], "verified", "{e}");
     }
     let exposition = http
         .get(format!("{}/metrics", detailed.base()))

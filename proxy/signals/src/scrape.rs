@@ -9,7 +9,7 @@ use crate::{
     metrics::{ParseError, VllmMetrics},
 };
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::TokioExecutor,
@@ -45,6 +45,8 @@ pub enum ScrapeError {
     Load { url: String, message: String },
     #[error("{url} did not answer OpenAI's model list: {message}")]
     Models { url: String, message: String },
+    #[error("{url} did not answer vLLM's tokenization: {message}")]
+    Tokenize { url: String, message: String },
     #[error("{url}: {source}")]
     Parse {
         url: String,
@@ -56,7 +58,7 @@ pub enum ScrapeError {
 /// Scrapes vLLM endpoints; cheap to clone (one shared connection pool).
 #[derive(Clone, Debug)]
 pub struct Scraper {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<HttpConnector, Full<Bytes>>,
     timeout: Duration,
 }
 
@@ -135,9 +137,43 @@ impl Scraper {
             })
     }
 
+    /// vLLM's `POST /tokenize` at `url` (e.g. `http://10.0.0.7:8000/tokenize`) of `request` (a
+    /// chat request's `model` and `messages`, or a completion's `model` and `prompt`): the token
+    /// ids the server computes for it, chat template included. A server without the route
+    /// answers [`ScrapeError::Status`] 404.
+    pub async fn tokenize(
+        &self,
+        url: &http::Uri,
+        request: &serde_json::Value,
+    ) -> Result<Vec<u32>, ScrapeError> {
+        #[derive(serde::Deserialize)]
+        struct Tokens {
+            tokens: Vec<u32>,
+        }
+        let body = Bytes::from(request.to_string());
+        let text = self
+            .bounded(url, self.request(url, "application/json", Some(body)))
+            .await?;
+        serde_json::from_str::<Tokens>(&text)
+            .map(|t| t.tokens)
+            .map_err(|e| ScrapeError::Tokenize {
+                url: url.to_string(),
+                message: e.to_string(),
+            })
+    }
+
     /// GETs `url` as text within the scraper's timeout.
     async fn fetch(&self, url: &http::Uri, accept: &'static str) -> Result<String, ScrapeError> {
-        tokio::time::timeout(self.timeout, self.fetch_unbounded(url, accept))
+        self.bounded(url, self.request(url, accept, None)).await
+    }
+
+    /// `request` within the scraper's timeout.
+    async fn bounded(
+        &self,
+        url: &http::Uri,
+        request: impl Future<Output = Result<String, ScrapeError>>,
+    ) -> Result<String, ScrapeError> {
+        tokio::time::timeout(self.timeout, request)
             .await
             .unwrap_or_else(|_| {
                 Err(ScrapeError::Timeout {
@@ -147,14 +183,21 @@ impl Scraper {
             })
     }
 
-    async fn fetch_unbounded(
+    /// A GET, or a POST of the JSON `body`, read whole as text.
+    async fn request(
         &self,
         url: &http::Uri,
         accept: &'static str,
+        body: Option<Bytes>,
     ) -> Result<String, ScrapeError> {
-        let req = http::Request::get(url.clone())
+        let builder = match &body {
+            None => http::Request::get(url.clone()),
+            Some(_) => http::Request::post(url.clone())
+                .header(http::header::CONTENT_TYPE, "application/json"),
+        };
+        let req = builder
             .header(http::header::ACCEPT, accept)
-            .body(Empty::new())
+            .body(Full::new(body.unwrap_or_default()))
             .map_err(|e| ScrapeError::Http {
                 url: url.to_string(),
                 message: e.to_string(),

@@ -71,6 +71,7 @@ pub fn view(target: &Target) -> serde_json::Value {
                         "last_batch_age_s": st.last_batch_at.map(age),
                         "errors": st.errors,
                         "last_error": st.last_error,
+                        "contract": st.contract.as_ref().map(|c| c.describe()),
                     })
                 });
                 serde_json::json!({
