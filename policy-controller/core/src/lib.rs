@@ -9,6 +9,7 @@ pub mod endpoints;
 pub mod guard;
 pub mod inference;
 pub mod outbound;
+pub mod rollout;
 pub mod target;
 
 pub use self::{
