@@ -15,6 +15,7 @@ pub mod guard;
 pub mod objective;
 pub mod plan;
 pub mod policy;
+pub mod rollout;
 
 pub use self::{
     objective::{DecidedBy, ObjectiveOutcome},
