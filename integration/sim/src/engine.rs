@@ -384,15 +384,21 @@ impl Engine {
                 let n = (r.num_tokens() - hit_tokens).min(budget);
                 let total = hit_tokens + n;
                 let cacheable = total.min(r.num_tokens());
-                if !self.kv.allocate_slots(
-                    &mut r.blocks,
-                    &self.hit_scratch,
-                    total,
-                    cacheable,
-                    &r.block_hashes,
-                    &r.tokens,
-                    r.lora_id,
-                ) {
+                // vLLM 0.32 admits a request only if all its tokens fit now, not just the first
+                // chunk (`scheduler_reserve_full_isl`, on by default), so a long prompt waits
+                // instead of being preempted chunk after chunk.
+                let full = r.num_tokens().min(self.config.max_model_len);
+                if !self.kv.can_allocate(&r.blocks, &self.hit_scratch, full)
+                    || !self.kv.allocate_slots(
+                        &mut r.blocks,
+                        &self.hit_scratch,
+                        total,
+                        cacheable,
+                        &r.block_hashes,
+                        &r.tokens,
+                        r.lora_id,
+                    )
+                {
                     self.waiting.push_front(r);
                     break;
                 }

@@ -224,6 +224,25 @@ impl KvCache {
             .count()
     }
 
+    /// Whether the request could hold `total_tokens` tokens now, after taking `hit_blocks` (found
+    /// in the prefix cache): the blocks it lacks must come from the free queue, less the hit blocks
+    /// that sit in it (vLLM's `get_num_blocks_to_allocate` counts those as allocations).
+    pub(crate) fn can_allocate(
+        &self,
+        req: &ReqBlocks,
+        hit_blocks: &[u32],
+        total_tokens: u32,
+    ) -> bool {
+        let required = total_tokens.div_ceil(self.block_size) as usize;
+        let have = req.ids.len() + hit_blocks.len();
+        let num_new = required.saturating_sub(have) as u32;
+        let evictable_hits = hit_blocks
+            .iter()
+            .filter(|&&b| self.blocks[b as usize].ref_cnt == 0)
+            .count() as u32;
+        num_new <= self.num_free.saturating_sub(evictable_hits)
+    }
+
     /// vLLM's `allocate_slots`: gives the request room for `total_tokens` tokens, first taking
     /// `hit_blocks` (found in the prefix cache), then fresh blocks from the free queue. Returns
     /// false, changing nothing, when the free queue cannot cover it. Then caches every block that
@@ -240,17 +259,12 @@ impl KvCache {
         lora_id: Option<u32>,
     ) -> bool {
         let bs = self.block_size;
+        if !self.can_allocate(req, hit_blocks, total_tokens) {
+            return false;
+        }
         let required = total_tokens.div_ceil(bs) as usize;
         let have = req.ids.len() + hit_blocks.len();
         let num_new = required.saturating_sub(have) as u32;
-        // Hit blocks sitting in the free queue are not available for new allocations.
-        let evictable_hits = hit_blocks
-            .iter()
-            .filter(|&&b| self.blocks[b as usize].ref_cnt == 0)
-            .count() as u32;
-        if num_new > self.num_free.saturating_sub(evictable_hits) {
-            return false;
-        }
         for &b in hit_blocks {
             self.touch(b);
             req.ids.push(b);
@@ -331,14 +345,24 @@ impl KvCache {
         });
     }
 
-    /// Frees a request's blocks, tail first, so its last blocks are evicted first (vLLM's
-    /// `free` passes `reversed(blocks)` to `free_blocks`).
+    /// Frees a request's blocks as vLLM's `free_blocks(reversed(blocks))` does: cached blocks go
+    /// to the tail of the free queue, the request's last block first, so they are evicted least
+    /// recently used first and a request's tail before its head; blocks that hold no hash (a
+    /// partial last block, a private copy) go to the *head*, the last one first, so they are
+    /// reused before any cached block is evicted (vLLM: "LIFO reuse of non-cached blocks").
     pub(crate) fn free(&mut self, req: &mut ReqBlocks) {
         for &b in req.ids.iter().rev() {
             let blk = &mut self.blocks[b as usize];
             blk.ref_cnt = blk.ref_cnt.saturating_sub(1);
-            if blk.ref_cnt == 0 {
+            if blk.ref_cnt == 0 && blk.hash.is_some() {
                 self.push_free(b);
+            }
+        }
+        // Pushing the uncached ones to the head in token order leaves the last one at the head.
+        for &b in &req.ids {
+            let blk = &self.blocks[b as usize];
+            if blk.ref_cnt == 0 && !blk.in_free_queue {
+                self.push_free_front(b);
             }
         }
         req.ids.clear();
@@ -407,6 +431,24 @@ impl KvCache {
         blk.next = NIL;
         blk.in_free_queue = false;
         self.num_free -= 1;
+    }
+
+    fn push_free_front(&mut self, b: u32) {
+        debug_assert!(!self.blocks[b as usize].in_free_queue);
+        let head = self.head;
+        {
+            let blk = &mut self.blocks[b as usize];
+            blk.prev = NIL;
+            blk.next = head;
+            blk.in_free_queue = true;
+        }
+        if head == NIL {
+            self.tail = b;
+        } else {
+            self.blocks[head as usize].prev = b;
+        }
+        self.head = b;
+        self.num_free += 1;
     }
 
     fn push_free(&mut self, b: u32) {

@@ -318,8 +318,10 @@ fn eviction_is_lru_and_tail_first() {
         "touching A evicts nothing (its new block is A's old partial block)"
     );
 
-    // D needs 3 blocks: the LRU free blocks are B's, tail first: B's partial block, B4, B3.
-    e.submit(req(11, prompt(900, 48), 1), now).unwrap();
+    // D needs 5 blocks. Uncached blocks are reused first (vLLM puts a freed block with no hash at
+    // the head of the free queue): A's new partial block and the two never used. Then the LRU
+    // cached blocks, B's, tail first: B4, B3.
+    e.submit(req(11, prompt(900, 80), 1), now).unwrap();
     run_to_idle(&mut e, now);
     let removed: Vec<u64> = e
         .drain_kv_events()
@@ -334,6 +336,36 @@ fn eviction_is_lru_and_tail_first() {
     for h in hashes[0].iter().chain(&hashes[2]).chain(&hashes[1][..2]) {
         assert!(e.kv_cache().contains(*h));
     }
+}
+
+#[test]
+fn a_request_is_admitted_only_when_all_its_tokens_fit() {
+    // 31 usable blocks of 16. J (96 tokens, growing to 296: 6 then 19 blocks) is admitted first.
+    // K (416 tokens: 26 blocks) would fit its first chunk beside J, but never all of it while J
+    // runs, so it waits (vLLM 0.32's `scheduler_reserve_full_isl`) instead of running beside J
+    // and being preempted when J grows.
+    let mut e = Engine::new(small_config(32), qwen().cost);
+    e.submit(req(1, prompt(1, 96), 200), SimTime::ZERO).unwrap();
+    e.submit(req(2, prompt(2, 416), 1), SimTime::ZERO).unwrap();
+    let mut now = SimTime::ZERO;
+    let mut j_done = false;
+    while e.has_work() {
+        let out = e.step(now);
+        now += out.duration;
+        for ev in &out.events {
+            match ev {
+                EngineEvent::Finished { id: 1, .. } => j_done = true,
+                EngineEvent::FirstToken { id: 2, .. } => assert!(j_done, "K ran beside J"),
+                _ => {}
+            }
+        }
+        if !j_done {
+            assert_eq!((e.num_running(), e.num_waiting()), (1, 1));
+        }
+    }
+    assert!(j_done);
+    assert_eq!(e.stats().num_preemptions, 0);
+    assert_eq!(e.stats().requests_finished, 2);
 }
 
 /// A deterministic mixed workload: shared system prompts, multi-turn reuse, a small cache.

@@ -22,7 +22,7 @@ use kinference_sim::{
 };
 use parking_lot::Mutex;
 use tokio::{
-    sync::{Notify, mpsc},
+    sync::{Notify, mpsc, watch},
     time::Instant,
 };
 
@@ -108,6 +108,10 @@ pub struct Driver {
     /// Adapters in the order the engine numbered them (from 1, in order of first accepted
     /// request), to name the `lora_id` of KV events.
     lora_ids: Mutex<Vec<String>>,
+    /// vLLM's `POST /pause?mode=keep`: no step starts while set (requests still queue).
+    paused: watch::Sender<bool>,
+    /// A step is in progress (set under the engine lock, so a pause sees it).
+    stepping: watch::Sender<bool>,
 }
 
 /// The running adapters and the waiting adapters, for `vllm:lora_requests_info`.
@@ -131,7 +135,31 @@ impl Driver {
             next_id: AtomicU64::new(1),
             kv_events,
             lora_ids: Mutex::new(Vec::new()),
+            paused: watch::Sender::new(false),
+            stepping: watch::Sender::new(false),
         })
+    }
+
+    /// vLLM's `POST /pause?mode=keep` (`PauseState.PAUSED_ALL`): the step in progress ends and no
+    /// other starts until [`Driver::resume`]; requests keep arriving and wait, running ones keep
+    /// their blocks. Returns once the engine is idle.
+    pub async fn pause(&self) {
+        {
+            let _engine = self.engine.lock();
+            self.paused.send_replace(true);
+        }
+        let mut stepping = self.stepping.subscribe();
+        let _ = stepping.wait_for(|s| !*s).await;
+    }
+
+    /// vLLM's `POST /resume`.
+    pub fn resume(&self) {
+        self.paused.send_replace(false);
+    }
+
+    /// vLLM's `GET /is_paused`.
+    pub fn is_paused(&self) -> bool {
+        *self.paused.borrow()
     }
 
     pub fn clock(&self) -> &Clock {
@@ -226,12 +254,12 @@ impl Driver {
         self.engine.lock().cached_prefix_tokens(prompt, lora)
     }
 
-    /// vLLM's `/reset_prefix_cache`: empties the prefix cache of unreferenced blocks.
+    /// vLLM's `/reset_prefix_cache`: empties the prefix cache of unreferenced blocks. Its
+    /// `AllBlocksCleared` leaves with the next step's events, in the same batch, as vLLM 0.32's
+    /// scheduler publishes what its block pool queued once per step (so an idle replica sends it
+    /// when the next request is scheduled).
     pub fn reset_prefix_cache(&self) -> bool {
-        let mut engine = self.engine.lock();
-        let reset = engine.reset_prefix_cache();
-        self.publish_kv(&mut engine);
-        reset
+        self.engine.lock().reset_prefix_cache()
     }
 
     fn abort(&self, id: RequestId) {
@@ -265,23 +293,34 @@ impl Driver {
     /// The driver loop; runs until the task is dropped.
     pub async fn run(self: Arc<Self>) {
         let mut step_end = SimTime::ZERO;
+        let mut paused = self.paused.subscribe();
         loop {
-            // Wait for work. `notify_one` stores a permit, so a submission between the check and
-            // the wait is not lost.
-            while !self.engine.lock().has_work() {
-                self.work.notified().await;
-            }
-            let now = self.clock.now().max(step_end);
-            let output = {
-                let mut engine = self.engine.lock();
-                let output = engine.step(now);
-                self.publish_kv(&mut engine);
-                output
+            // Wait for work, and for a pause to end. `notify_one` stores a permit, so a
+            // submission between the check and the wait is not lost; the pause flag and the
+            // `stepping` flag change under the engine lock, so a pause either sees this step
+            // start or stops it from starting.
+            let output = loop {
+                let _ = paused.wait_for(|p| !*p).await;
+                {
+                    let mut engine = self.engine.lock();
+                    if !*self.paused.borrow() && engine.has_work() {
+                        self.stepping.send_replace(true);
+                        let now = self.clock.now().max(step_end);
+                        let output = engine.step(now);
+                        self.publish_kv(&mut engine);
+                        step_end = now + output.duration;
+                        break output;
+                    }
+                }
+                tokio::select! {
+                    _ = self.work.notified() => {}
+                    _ = paused.changed() => {}
+                }
             };
-            step_end = now + output.duration;
             tokio::time::sleep_until(self.clock.wall_instant(step_end)).await;
             self.engine.lock().end_step();
             self.deliver(output.events);
+            self.stepping.send_replace(false);
         }
     }
 

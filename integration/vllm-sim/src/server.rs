@@ -4,7 +4,8 @@
 //! and HTTP/2 cleartext on one port, via hyper-util's `auto` builder), the engine driver task and
 //! the KV-event publisher, and shuts them down gracefully. The routes are vLLM's
 //! (`/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/tokenize`, `/health`, `/metrics`,
-//! `/load`, `/reset_prefix_cache`) plus the simulator's own `/sim/faults` and `/sim/state`.
+//! `/load`, and the dev endpoints `/reset_prefix_cache`, `/pause`, `/resume`, `/is_paused`) plus
+//! the simulator's own `/sim/faults` and `/sim/state`.
 
 mod completions;
 
@@ -272,6 +273,9 @@ const ROUTES: &[(&str, &[Method])] = &[
     ("/metrics", &[Method::GET]),
     ("/load", &[Method::GET]),
     ("/reset_prefix_cache", &[Method::POST]),
+    ("/pause", &[Method::POST]),
+    ("/resume", &[Method::POST]),
+    ("/is_paused", &[Method::GET]),
     ("/sim/faults", &[Method::GET, Method::POST]),
     ("/sim/state", &[Method::GET]),
 ];
@@ -329,6 +333,15 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
                 ))
             }
         }
+        (_, "/pause") => pause(&state, req.uri().query().unwrap_or("")).await,
+        (_, "/resume") => {
+            state.driver.resume();
+            Ok(json_response(StatusCode::OK, &json!({"status": "resumed"})))
+        }
+        (_, "/is_paused") => Ok(json_response(
+            StatusCode::OK,
+            &json!({"is_paused": state.driver.is_paused()}),
+        )),
         (Method::GET, "/sim/faults") => Ok(json_response(
             StatusCode::OK,
             &serde_json::to_value(&*state.faults.lock()).unwrap_or(Value::Null),
@@ -338,6 +351,31 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
         _ => Err(ApiError::new(StatusCode::NOT_FOUND, "Not Found")),
     };
     Ok(result.unwrap_or_else(|e| error_response(&e)))
+}
+
+/// vLLM's `POST /pause` (a dev endpoint, as `/reset_prefix_cache` is), in the one mode the
+/// simulator has: `mode=keep&clear_cache=false`, which freezes the engine after the step in
+/// progress with every request kept where it is (new ones queue) until `POST /resume`. vLLM's
+/// default, `mode=abort`, aborts every request; `mode=wait` drains them; `clear_cache=true`
+/// (the default) also resets the prefix cache.
+async fn pause(state: &State, query: &str) -> Result<Response<Body>, ApiError> {
+    let mut mode = "abort";
+    let mut clear_cache = "true";
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=').unwrap_or((pair, "")) {
+            ("mode", v) => mode = v,
+            ("clear_cache", v) => clear_cache = v,
+            _ => {}
+        }
+    }
+    if mode != "keep" || !clear_cache.eq_ignore_ascii_case("false") {
+        return Err(ApiError::bad_request(format!(
+            "the simulator pauses only with mode=keep&clear_cache=false (got mode={mode}, \
+             clear_cache={clear_cache})"
+        )));
+    }
+    state.driver.pause().await;
+    Ok(json_response(StatusCode::OK, &json!({"status": "paused"})))
 }
 
 async fn tokenize(state: &State, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {

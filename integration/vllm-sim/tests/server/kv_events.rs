@@ -66,15 +66,10 @@ async fn block_stored_events_for_a_prompts_blocks() {
         let base = replica.url();
 
         // Until the subscription has reached the publisher, PUB drops messages: reset the (empty)
-        // prefix cache until an AllBlocksCleared arrives.
+        // prefix cache, and step the engine to publish it, until an AllBlocksCleared arrives.
         let mut last_seq;
         loop {
-            let resp = client()
-                .post(format!("{base}/reset_prefix_cache"))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(resp.status(), 200);
+            reset_and_step(&base).await;
             if let Ok((seq, batch)) =
                 tokio::time::timeout(Duration::from_millis(200), recv(&mut sub, "kv@sim")).await
             {

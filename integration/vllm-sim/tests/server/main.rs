@@ -9,6 +9,7 @@ mod faults;
 mod kv_events;
 mod metrics;
 mod openai;
+mod pause;
 mod recorded;
 mod support;
 

@@ -376,11 +376,7 @@ async fn kv_event_frames_have_vllm_0_32s_shape() {
         let replica = start(config).await;
         let base = replica.url();
         let frames = loop {
-            let _ = client()
-                .post(format!("{base}/reset_prefix_cache"))
-                .send()
-                .await
-                .unwrap();
+            reset_and_step(&base).await;
             if let Ok(msg) =
                 tokio::time::timeout(std::time::Duration::from_millis(200), sub.recv()).await
             {

@@ -135,3 +135,22 @@ pub fn long_text(words: usize, salt: &str) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
+
+/// Resets the prefix cache, then runs one engine step (a request too short to fill a block), so
+/// that the `AllBlocksCleared` goes out: as in vLLM 0.32, it leaves with the next step's events.
+/// Tests call it until the event arrives, since a PUB socket drops what it sends before the
+/// subscription reaches it.
+pub async fn reset_and_step(base: &str) {
+    let resp = client()
+        .post(format!("{base}/reset_prefix_cache"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let (status, body) = post_json(
+        &format!("{base}/v1/completions"),
+        &json!({"model": MODEL, "prompt": [7, 8, 9], "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
