@@ -1,7 +1,8 @@
-//! Compiles the inference discovery API with `protox` (pure Rust; no `protoc`).
+//! Compiles the inference discovery API and the engine-signals API with `protox` (pure Rust; no
+//! `protoc`).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/inference.proto"];
+    let protos = ["proto/inference.proto", "proto/signals.proto"];
     let includes = ["proto"];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");

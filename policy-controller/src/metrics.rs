@@ -45,6 +45,8 @@ pub struct TargetLabels {
 pub struct Metrics {
     pub registry: Arc<Registry>,
     pub grpc: GrpcMetrics,
+    /// The engine-signals service's (`kinference_policy_signals_*`).
+    pub signals: kinference_policy_signals::SignalsMetrics,
     resources: Family<KindLabels, Gauge>,
     targets: Family<TargetLabels, Gauge>,
     invalid_policies: Gauge,
@@ -60,6 +62,7 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("kinference_policy");
         let grpc = GrpcMetrics::register(&mut registry);
+        let signals = kinference_policy_signals::SignalsMetrics::register(&mut registry);
         let resources = Family::<KindLabels, Gauge>::default();
         registry.register(
             "index_resources",
@@ -113,6 +116,7 @@ impl Metrics {
         Self {
             registry: Arc::new(registry),
             grpc,
+            signals,
             resources,
             targets,
             invalid_policies,

@@ -111,6 +111,25 @@ pub struct Args {
     #[arg(long, default_value = "kinference-policy-controller")]
     pub service_name: String,
 
+    /// Where the engine-signals service (`EngineSignals.Watch`) listens, plaintext; port 0 picks
+    /// a free port. Without it no signal service runs and sidecars scrape engines themselves.
+    /// Not served with an identity issuer yet (it is not behind mutual TLS).
+    #[arg(long)]
+    pub signals_addr: Option<SocketAddr>,
+
+    /// How often the signal service scrapes each endpoint of a watched pool, in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    pub signals_interval_ms: u64,
+
+    /// How old a sidecar's copy of an unchanged reading may grow before the signal service sends
+    /// it again, in milliseconds (the router's freshness budget is 500 ms).
+    #[arg(long, default_value_t = 100)]
+    pub signals_refresh_ms: u64,
+
+    /// Each signal-service scrape's timeout, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub signals_timeout_ms: u64,
+
     /// Log format. The filter is `RUST_LOG` (default `info`).
     #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
     pub log_format: String,
@@ -307,6 +326,43 @@ async fn bind_servers(
     Ok((grpc, grpc_addr, admin_addr))
 }
 
+/// Starts the engine-signals service where `--signals-addr` says; its bound address, if any.
+async fn spawn_signals(
+    args: &Args,
+    metrics: &Metrics,
+    index: &SharedIndex,
+    shutdown: &Shutdown,
+) -> anyhow::Result<Option<SocketAddr>> {
+    let Some(addr) = args.signals_addr else {
+        return Ok(None);
+    };
+    let hub = kinference_policy_signals::Hub::new(
+        index.clone(),
+        kinference_policy_signals::HttpProbe::new(Duration::from_millis(args.signals_timeout_ms)),
+        kinference_policy_signals::HubConfig {
+            interval: Duration::from_millis(args.signals_interval_ms.max(1)),
+            refresh: Duration::from_millis(args.signals_refresh_ms),
+        },
+        metrics.signals.clone(),
+    );
+    let (bound, serve) = kinference_policy_signals::SignalsServer::new(hub)
+        .bind(addr, shutdown.signal())
+        .await
+        .with_context(|| format!("binding the signal service to {addr}"))?;
+    tokio::spawn(async move {
+        if let Err(error) = serve.await {
+            tracing::error!(%error, "the signal service stopped");
+        }
+    });
+    tracing::info!(signals_addr = %bound, "serving engine signals");
+    Ok(Some(bound))
+}
+
+/// ` signals=ADDR` on the startup line when the signal service runs.
+fn signals_field(addr: Option<SocketAddr>) -> String {
+    addr.map_or_else(String::new, |a| format!(" signals={a}"))
+}
+
 fn grpc_config(args: &Args, guards: &Arc<GuardReports>) -> kinference_policy_grpc::Config {
     kinference_policy_grpc::Config {
         cluster_domain: args.cluster_domain.clone(),
@@ -331,10 +387,14 @@ async fn run_manifests(
     source.reload().context("reading the manifest directory")?;
 
     let (grpc, grpc_addr, admin_addr) = bind_servers(&args, &metrics, &index, &guards).await?;
+    let signals = spawn_signals(&args, &metrics, &index, &shutdown).await?;
     // The index holds the manifests and the gRPC port accepts: proxies may be served.
     metrics.set_ready();
     // A line tests and scripts read to find the ports.
-    println!("kinference-policy-controller grpc={grpc_addr} admin={admin_addr} tls=off");
+    println!(
+        "kinference-policy-controller grpc={grpc_addr} admin={admin_addr} tls=off{}",
+        signals_field(signals)
+    );
     tracing::info!(%grpc_addr, %admin_addr, manifests = %dir.display(), "serving");
     tracing::warn!(%grpc_addr, "{PLAINTEXT}");
 
@@ -414,6 +474,12 @@ async fn run_kubernetes(
     };
 
     let (grpc, grpc_addr, admin_addr) = bind_servers(&args, &metrics, &index, &guards).await?;
+    if args.signals_addr.is_some() && identity.is_some() {
+        bail!(
+            "--signals-addr is not served over mutual TLS yet: run it without an identity issuer"
+        );
+    }
+    let signals = spawn_signals(&args, &metrics, &index, &shutdown).await?;
     let admission_addr = match &webhook {
         Some((listener, _)) => Some(listener.local_addr()?),
         None => None,
@@ -513,7 +579,8 @@ async fn run_kubernetes(
     let identity = identity_addr.map_or_else(|| "none".to_string(), |a| a.to_string());
     // A line tests and scripts read to find the ports.
     println!(
-        "kinference-policy-controller grpc={grpc_addr} admin={admin_addr} admission={admission} identity={identity} tls={tls}"
+        "kinference-policy-controller grpc={grpc_addr} admin={admin_addr} admission={admission} identity={identity} tls={tls}{}",
+        signals_field(signals)
     );
     tracing::info!(%grpc_addr, %admin_addr, %admission, %identity, tls, pod = %kube_args.pod_name, namespace = %kube_args.pod_namespace, lease = %args.lease_name, "serving");
 

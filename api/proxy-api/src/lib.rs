@@ -11,6 +11,12 @@ pub mod inference {
     tonic::include_proto!("io.kinference.proxy.inference.v1alpha1");
 }
 
+/// `io.kinference.proxy.signals.v1alpha1`: engine readings streamed from the control plane
+/// (`proto/signals.proto`).
+pub mod signals {
+    tonic::include_proto!("io.kinference.proxy.signals.v1alpha1");
+}
+
 pub use prost_types;
 
 pub use inference::{

@@ -1,0 +1,200 @@
+//! What one stream sends next: a snapshot first, then only the readings that changed.
+//!
+//! An engine's gauges often stay put for many scrapes (an idle replica reads `0 waiting, 0
+//! running` all day), so a stream carries an endpoint only when its values changed, or when the
+//! copy its sidecar holds has grown older than the refresh interval: the router charges a reading
+//! older than its freshness budget (500 ms) as stale, and an unchanged engine must not look like
+//! a wedged one. Each reading carries its age when written, so the sidecar dates it on its own
+//! clock. Pure: the state, the time and what was sent in, the message out.
+
+use kinference_proxy_api::signals as api;
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Duration,
+};
+use tokio::time::Instant;
+
+/// One endpoint's last successful reading.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// The reading, its `addr` set and `age_ms` 0; `failures` counts failed scrapes since.
+    pub values: api::EndpointReading,
+    /// When the scrape that read it was sent.
+    pub at: Instant,
+}
+
+/// A pool's readings, by endpoint address (`ip:port`). Endpoints not read yet are absent.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolState {
+    pub endpoints: BTreeMap<String, Entry>,
+}
+
+/// What one stream has sent: each endpoint's values and the scrape time of that copy.
+#[derive(Clone, Debug, Default)]
+pub struct Sent {
+    held: HashMap<String, (api::EndpointReading, Instant)>,
+}
+
+/// The next message of a stream that has sent `sent` (`None`: nothing yet), or `None` when there
+/// is nothing new. `version` is left 0 for the stream to number.
+pub fn next(
+    sent: &mut Option<Sent>,
+    state: &PoolState,
+    now: Instant,
+    refresh: Duration,
+) -> Option<api::SignalsUpdate> {
+    let full = sent.is_none();
+    let held = sent.get_or_insert_with(Sent::default);
+    let mut readings = Vec::new();
+    for (addr, e) in &state.endpoints {
+        let due = match held.held.get(addr) {
+            None => true,
+            Some((values, at)) => {
+                *values != e.values || (e.at > *at && now.saturating_duration_since(*at) >= refresh)
+            }
+        };
+        if !due {
+            continue;
+        }
+        let mut r = e.values.clone();
+        r.age_ms =
+            u64::try_from(now.saturating_duration_since(e.at).as_millis()).unwrap_or(u64::MAX);
+        readings.push(r);
+        held.held.insert(addr.clone(), (e.values.clone(), e.at));
+    }
+    let mut removed: Vec<String> = held
+        .held
+        .keys()
+        .filter(|a| !state.endpoints.contains_key(*a))
+        .cloned()
+        .collect();
+    removed.sort();
+    for a in &removed {
+        held.held.remove(a);
+    }
+    if !full && readings.is_empty() && removed.is_empty() {
+        return None;
+    }
+    Some(api::SignalsUpdate {
+        version: 0,
+        full,
+        readings,
+        removed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(addr: &str, waiting: u32) -> api::EndpointReading {
+        api::EndpointReading {
+            addr: addr.into(),
+            num_requests_waiting: Some(waiting),
+            ..Default::default()
+        }
+    }
+
+    fn state(entries: &[(&str, u32, Instant)]) -> PoolState {
+        PoolState {
+            endpoints: entries
+                .iter()
+                .map(|(a, w, at)| {
+                    (
+                        a.to_string(),
+                        Entry {
+                            values: reading(a, *w),
+                            at: *at,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    const REFRESH: Duration = Duration::from_millis(100);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_then_only_changes_with_their_ages() {
+        let t0 = Instant::now();
+        let mut sent = None;
+        let now = t0 + Duration::from_millis(30);
+        let first = next(
+            &mut sent,
+            &state(&[("a:1", 1, t0), ("b:1", 2, t0)]),
+            now,
+            REFRESH,
+        )
+        .unwrap();
+        assert!(first.full);
+        assert_eq!(first.readings.len(), 2);
+        assert_eq!(first.readings[0].age_ms, 30);
+        // Re-read unchanged within the refresh interval: nothing to say.
+        let t1 = t0 + Duration::from_millis(50);
+        let now = t1 + Duration::from_millis(5);
+        assert_eq!(
+            next(
+                &mut sent,
+                &state(&[("a:1", 1, t1), ("b:1", 2, t1)]),
+                now,
+                REFRESH
+            ),
+            None
+        );
+        // One changed: only it is sent.
+        let m = next(
+            &mut sent,
+            &state(&[("a:1", 1, t1), ("b:1", 5, t1)]),
+            now,
+            REFRESH,
+        )
+        .unwrap();
+        assert!(!m.full);
+        assert_eq!(
+            m.readings,
+            vec![api::EndpointReading {
+                age_ms: 5,
+                ..reading("b:1", 5)
+            }]
+        );
+        // The held copy of `a` grows older than the refresh interval: re-sent, fresher.
+        let t2 = t0 + Duration::from_millis(150);
+        let m = next(
+            &mut sent,
+            &state(&[("a:1", 1, t2), ("b:1", 5, t1)]),
+            t2,
+            REFRESH,
+        )
+        .unwrap();
+        assert_eq!(m.readings, vec![reading("a:1", 1)]);
+        // An endpoint that left the pool is named once.
+        let m = next(&mut sent, &state(&[("a:1", 1, t2)]), t2, REFRESH).unwrap();
+        assert_eq!(m.removed, vec!["b:1".to_string()]);
+        assert!(m.readings.is_empty());
+        assert_eq!(
+            next(&mut sent, &state(&[("a:1", 1, t2)]), t2, REFRESH),
+            None
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_engine_that_stops_answering_is_not_refreshed() {
+        let t0 = Instant::now();
+        let mut sent = None;
+        next(&mut sent, &state(&[("a:1", 1, t0)]), t0, REFRESH).unwrap();
+        // No newer scrape: however late, the old reading is not sent again (it ages at the
+        // sidecar, which is what makes its router fall back).
+        let late = t0 + Duration::from_secs(5);
+        assert_eq!(
+            next(&mut sent, &state(&[("a:1", 1, t0)]), late, REFRESH),
+            None
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_empty_pool_still_gets_a_snapshot() {
+        let mut sent = None;
+        let m = next(&mut sent, &PoolState::default(), Instant::now(), REFRESH).unwrap();
+        assert!(m.full && m.readings.is_empty());
+    }
+}

@@ -1,0 +1,420 @@
+//! One set of scrape loops per watched pool, shared by all its watchers.
+//!
+//! [`Hub::subscribe`] finds the pool's loops or starts them: a task follows the pool's endpoints
+//! in the controller's index (the set `Destination.Get` streams) and keeps one scrape loop per
+//! endpoint, each writing its readings into the pool's `watch` channel. A [`Subscription`] holds
+//! the pool alive; when the last one is dropped (its stream ended, its sidecar went away), the
+//! pool's tasks are aborted. A watcher that reads slowly sees only the latest state.
+
+use crate::{
+    delta::{Entry, PoolState},
+    metrics::{PoolLabels, ScrapeLabels, SignalsMetrics},
+    probe::Probe,
+};
+use kinference_policy_core::{DiscoverEndpoints, PoolEndpoints, PoolRef};
+use kinference_proxy_signals::Engine;
+use parking_lot::Mutex;
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{Arc, Weak},
+    time::Duration,
+};
+use tokio::{sync::watch, task::JoinHandle, time::Instant};
+
+/// How the hub reads engines.
+#[derive(Clone, Copy, Debug)]
+pub struct HubConfig {
+    /// Between the starts of two scrapes of one endpoint.
+    pub interval: Duration,
+    /// How old a sidecar's copy of an unchanged reading may grow before it is sent again.
+    pub refresh: Duration,
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(50),
+            refresh: Duration::from_millis(100),
+        }
+    }
+}
+
+/// The pools being read; cheap to clone.
+#[derive(Debug)]
+pub struct Hub<D, P> {
+    inner: Arc<Inner<D, P>>,
+}
+
+impl<D, P> Clone for Hub<D, P> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner<D, P> {
+    discover: D,
+    probe: P,
+    config: HubConfig,
+    metrics: SignalsMetrics,
+    pools: Mutex<HashMap<PoolRef, Weak<Pool>>>,
+}
+
+/// A watched pool: its state and the task that reads it.
+#[derive(Debug)]
+struct Pool {
+    state: watch::Receiver<PoolState>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A watcher's hold on a pool: its readings, kept coming while any subscription lives.
+#[derive(Debug)]
+pub struct Subscription {
+    pub state: watch::Receiver<PoolState>,
+    _pool: Arc<Pool>,
+    watchers: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.watchers.dec();
+    }
+}
+
+impl<D, P> Hub<D, P>
+where
+    D: DiscoverEndpoints + Send + Sync + 'static,
+    P: Probe,
+{
+    pub fn new(discover: D, probe: P, config: HubConfig, metrics: SignalsMetrics) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                discover,
+                probe,
+                config,
+                metrics,
+                pools: Mutex::default(),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> HubConfig {
+        self.inner.config
+    }
+
+    /// Watches `pool`, read as `engine` when this starts its loops; `None` when the index knows
+    /// no such pool.
+    pub fn subscribe(&self, pool: &PoolRef, engine: Engine) -> Option<Subscription> {
+        let mut pools = self.inner.pools.lock();
+        pools.retain(|_, p| p.strong_count() > 0);
+        let shared = match pools.get(pool).and_then(Weak::upgrade) {
+            Some(p) => p,
+            None => {
+                let endpoints = self.inner.discover.watch_endpoints(pool)?;
+                let (tx, rx) = watch::channel(PoolState::default());
+                let task = tokio::spawn(follow(
+                    endpoints,
+                    tx,
+                    self.inner.probe.clone(),
+                    engine,
+                    self.inner.config.interval,
+                    self.inner.metrics.clone(),
+                    label(pool),
+                ));
+                let p = Arc::new(Pool { state: rx, task });
+                pools.insert(pool.clone(), Arc::downgrade(&p));
+                p
+            }
+        };
+        let watchers = self
+            .inner
+            .metrics
+            .watchers
+            .get_or_create(&PoolLabels { pool: label(pool) })
+            .clone();
+        watchers.inc();
+        Some(Subscription {
+            state: shared.state.clone(),
+            _pool: shared,
+            watchers,
+        })
+    }
+
+    /// The pools with scrape loops running.
+    pub fn watched(&self) -> usize {
+        self.inner
+            .pools
+            .lock()
+            .values()
+            .filter(|p| p.strong_count() > 0)
+            .count()
+    }
+}
+
+fn label(pool: &PoolRef) -> String {
+    format!("{}/{}", pool.namespace, pool.name)
+}
+
+/// A task aborted when dropped.
+#[derive(Debug)]
+struct Aborting(JoinHandle<()>);
+
+impl Drop for Aborting {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Keeps one scrape loop per endpoint of the pool until aborted.
+async fn follow<P: Probe>(
+    mut endpoints: watch::Receiver<PoolEndpoints>,
+    tx: watch::Sender<PoolState>,
+    probe: P,
+    engine: Engine,
+    interval: Duration,
+    metrics: SignalsMetrics,
+    pool: String,
+) {
+    let tx = Arc::new(tx);
+    let mut loops: HashMap<SocketAddr, Aborting> = HashMap::new();
+    loop {
+        let current: Vec<SocketAddr> = endpoints
+            .borrow_and_update()
+            .endpoints
+            .keys()
+            .copied()
+            .collect();
+        let before = loops.len();
+        loops.retain(|a, _| current.contains(a));
+        if loops.len() != before {
+            tx.send_modify(|s| {
+                s.endpoints
+                    .retain(|a, _| a.parse::<SocketAddr>().is_ok_and(|a| current.contains(&a)));
+            });
+        }
+        for addr in current {
+            loops.entry(addr).or_insert_with(|| {
+                Aborting(tokio::spawn(scrape_loop(
+                    addr,
+                    tx.clone(),
+                    probe.clone(),
+                    engine,
+                    interval,
+                    metrics.clone(),
+                    pool.clone(),
+                )))
+            });
+        }
+        if endpoints.changed().await.is_err() {
+            // The index dropped the pool's channel: keep what runs until the watchers go.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+async fn scrape_loop<P: Probe>(
+    addr: SocketAddr,
+    tx: Arc<watch::Sender<PoolState>>,
+    probe: P,
+    engine: Engine,
+    interval: Duration,
+    metrics: SignalsMetrics,
+    pool: String,
+) {
+    let key = addr.to_string();
+    let counter = |result| {
+        metrics
+            .scrapes
+            .get_or_create(&ScrapeLabels {
+                pool: pool.clone(),
+                endpoint: key.clone(),
+                result,
+            })
+            .clone()
+    };
+    let (ok, error) = (counter("ok"), counter("error"));
+    let mut load = true;
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let started = Instant::now();
+        let (read, still_load) = probe.read(addr, engine, load).await;
+        load = still_load;
+        match read {
+            Ok(mut values) => {
+                ok.inc();
+                values.addr = key.clone();
+                values.age_ms = 0;
+                values.failures = 0;
+                tx.send_modify(|s| {
+                    s.endpoints.insert(
+                        key.clone(),
+                        Entry {
+                            values,
+                            at: started,
+                        },
+                    );
+                });
+            }
+            Err(e) => {
+                error.inc();
+                tracing::debug!(endpoint = %addr, error = %e, "signals scrape failed");
+                tx.send_if_modified(|s| match s.endpoints.get_mut(&key) {
+                    Some(e) => {
+                        e.values.failures = e.values.failures.saturating_add(1);
+                        true
+                    }
+                    None => false,
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::probe::ProbeError;
+    use kinference_policy_core::{Endpoint, ParentTarget};
+    use kinference_proxy_api::signals as api;
+    use std::{
+        collections::BTreeMap,
+        sync::atomic::{AtomicU64, Ordering},
+    };
+
+    /// One pool's endpoints, changeable.
+    #[derive(Clone, Debug)]
+    pub(crate) struct FakeIndex {
+        pub pool: PoolRef,
+        pub tx: Arc<watch::Sender<PoolEndpoints>>,
+    }
+
+    impl FakeIndex {
+        pub fn new(ports: &[u16]) -> Self {
+            let (tx, _) = watch::channel(PoolEndpoints::default());
+            let index = Self {
+                pool: PoolRef::new("default", "glm"),
+                tx: Arc::new(tx),
+            };
+            index.set(ports);
+            index
+        }
+
+        pub fn set(&self, ports: &[u16]) {
+            let endpoints: BTreeMap<SocketAddr, Endpoint> = ports
+                .iter()
+                .map(|p| {
+                    let addr = SocketAddr::from(([127, 0, 0, 1], *p));
+                    (
+                        addr,
+                        Endpoint {
+                            addr,
+                            pod: None,
+                            model: None,
+                            lora_adapters: vec![],
+                            accelerator: None,
+                            ready: true,
+                        },
+                    )
+                })
+                .collect();
+            self.tx.send_replace(PoolEndpoints {
+                exists: true,
+                endpoints,
+            });
+        }
+    }
+
+    impl DiscoverEndpoints for FakeIndex {
+        fn watch_endpoints(&self, pool: &PoolRef) -> Option<watch::Receiver<PoolEndpoints>> {
+            (*pool == self.pool).then(|| self.tx.subscribe())
+        }
+
+        fn watch_service_endpoints(
+            &self,
+            _: &ParentTarget,
+        ) -> Option<watch::Receiver<PoolEndpoints>> {
+            None
+        }
+    }
+
+    /// Answers every read with `waiting = port`, counting reads.
+    #[derive(Clone, Debug, Default)]
+    pub(crate) struct CountingProbe {
+        pub reads: Arc<AtomicU64>,
+    }
+
+    impl Probe for CountingProbe {
+        async fn read(
+            &self,
+            addr: SocketAddr,
+            _: Engine,
+            load: bool,
+        ) -> (Result<api::EndpointReading, ProbeError>, bool) {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            (
+                Ok(api::EndpointReading {
+                    num_requests_waiting: Some(u32::from(addr.port())),
+                    ..Default::default()
+                }),
+                load,
+            )
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn watchers_of_a_pool_share_one_loop_per_endpoint_that_stops_with_the_last() {
+        let index = FakeIndex::new(&[1, 2]);
+        let probe = CountingProbe::default();
+        let hub = Hub::new(
+            index.clone(),
+            probe.clone(),
+            HubConfig::default(),
+            SignalsMetrics::default(),
+        );
+        let subs: Vec<Subscription> = (0..16)
+            .map(|_| hub.subscribe(&index.pool, Engine::Vllm).unwrap())
+            .collect();
+        assert_eq!(hub.watched(), 1);
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        let reads = probe.reads.load(Ordering::Relaxed);
+        // Two endpoints, every 50 ms for a second: about 40 reads whatever the watchers.
+        assert!((38..=44).contains(&reads), "{reads}");
+        assert_eq!(subs[7].state.borrow().endpoints.len(), 2);
+        // An endpoint that leaves the pool leaves the state and is read no more.
+        index.set(&[1]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            subs[0].state.borrow().endpoints.keys().collect::<Vec<_>>(),
+            vec!["127.0.0.1:1"]
+        );
+        drop(subs);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(hub.watched(), 0);
+        let stopped = probe.reads.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            probe.reads.load(Ordering::Relaxed),
+            stopped,
+            "loops stopped"
+        );
+        // A new watcher starts them again.
+        let _again = hub.subscribe(&index.pool, Engine::Vllm).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(probe.reads.load(Ordering::Relaxed) > stopped);
+        assert!(
+            hub.subscribe(&PoolRef::new("default", "other"), Engine::Vllm)
+                .is_none()
+        );
+    }
+}

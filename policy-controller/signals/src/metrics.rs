@@ -1,0 +1,60 @@
+//! The service's Prometheus metrics: who watches each pool, and how often each engine is read.
+//!
+//! The point of the service is that an engine's scrape count stops growing with the mesh; these
+//! two families are what shows it from the controller's side.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    /// `<namespace>/<name>`.
+    pub pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScrapeLabels {
+    pub pool: String,
+    /// `ip:port`.
+    pub endpoint: String,
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SignalsMetrics {
+    pub watchers: Family<PoolLabels, Gauge>,
+    pub scrapes: Family<ScrapeLabels, Counter>,
+}
+
+impl SignalsMetrics {
+    /// Registers the families (`signals_watchers`, `signals_scrapes_total`) in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "signals_watchers",
+            "EngineSignals.Watch streams open, by pool",
+            m.watchers.clone(),
+        );
+        registry.register(
+            "signals_scrapes",
+            "Engine scrapes made by the signal service, by pool, endpoint and result",
+            m.scrapes.clone(),
+        );
+        m
+    }
+
+    /// The scrapes of `endpoint` in `pool` with `result`.
+    pub fn scrapes_of(&self, pool: &str, endpoint: &str, result: &'static str) -> u64 {
+        self.scrapes
+            .get_or_create(&ScrapeLabels {
+                pool: pool.into(),
+                endpoint: endpoint.into(),
+                result,
+            })
+            .get()
+    }
+}

@@ -1,0 +1,208 @@
+//! `EngineSignals.Watch`: a pool's readings as a versioned stream of deltas.
+//!
+//! The first message is the pool's snapshot; after it each change of the pool's state becomes a
+//! message with what changed ([`crate::delta`]). The stream is pulled by the transport: a sidecar
+//! that reads slowly makes its stream skip states, never the controller queue them.
+
+use crate::{
+    delta,
+    hub::{Hub, Subscription},
+    probe::Probe,
+};
+use futures::stream;
+use kinference_policy_core::{DiscoverEndpoints, PoolRef};
+use kinference_proxy_api::signals::{
+    self as api,
+    engine_signals_server::{EngineSignals, EngineSignalsServer},
+};
+use kinference_proxy_signals::Engine;
+use std::{net::SocketAddr, pin::Pin, time::Duration};
+use tokio::net::TcpListener;
+use tokio_stream::Stream;
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
+
+/// The gRPC service over a [`Hub`].
+#[derive(Debug)]
+pub struct SignalsServer<D, P> {
+    hub: Hub<D, P>,
+}
+
+impl<D, P> SignalsServer<D, P>
+where
+    D: DiscoverEndpoints + Send + Sync + 'static,
+    P: Probe,
+{
+    pub fn new(hub: Hub<D, P>) -> Self {
+        Self { hub }
+    }
+
+    pub fn svc(self) -> EngineSignalsServer<Self> {
+        EngineSignalsServer::new(self)
+    }
+
+    /// Serves the service alone, in plaintext, on `listener` until `shutdown` completes.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error> {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tonic::transport::Server::builder()
+            .add_service(self.svc())
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+    }
+
+    /// Binds `addr` and serves there; the bound address comes back with the server's future.
+    pub async fn bind(
+        self,
+        addr: SocketAddr,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<(
+        SocketAddr,
+        impl Future<Output = Result<(), tonic::transport::Error>> + Send,
+    )> {
+        let listener = TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        Ok((local, self.serve(listener, shutdown)))
+    }
+}
+
+#[tonic::async_trait]
+impl<D, P> EngineSignals for SignalsServer<D, P>
+where
+    D: DiscoverEndpoints + Send + Sync + 'static,
+    P: Probe,
+{
+    type WatchStream = BoxStream<api::SignalsUpdate>;
+
+    async fn watch(
+        &self,
+        req: tonic::Request<api::SignalsTarget>,
+    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        let target = req.into_inner();
+        let pool = PoolRef::from_destination_path(&target.path).ok_or_else(|| {
+            tonic::Status::invalid_argument(format!(
+                "{:?} is not an InferencePool path (<pool>.<namespace>.inferencepool.kinference.io)",
+                target.path
+            ))
+        })?;
+        let engine = if target.engine.is_empty() {
+            Engine::Vllm
+        } else {
+            Engine::parse(&target.engine).ok_or_else(|| {
+                tonic::Status::invalid_argument(format!("unknown engine {:?}", target.engine))
+            })?
+        };
+        let sub = self
+            .hub
+            .subscribe(&pool, engine)
+            .ok_or_else(|| tonic::Status::not_found(target.path.clone()))?;
+        Ok(tonic::Response::new(updates(
+            sub,
+            self.hub.config().refresh,
+        )))
+    }
+}
+
+/// The stream of one subscription: the snapshot, then numbered deltas.
+pub fn updates(sub: Subscription, refresh: Duration) -> BoxStream<api::SignalsUpdate> {
+    let s = stream::unfold(
+        (sub, None::<delta::Sent>, 0u64),
+        move |(mut sub, mut sent, mut version)| async move {
+            loop {
+                if sent.is_some() && sub.state.changed().await.is_err() {
+                    return None;
+                }
+                let now = tokio::time::Instant::now();
+                let msg = {
+                    let state = sub.state.borrow_and_update();
+                    delta::next(&mut sent, &state, now, refresh)
+                };
+                if let Some(mut msg) = msg {
+                    version += 1;
+                    msg.version = version;
+                    return Some((Ok(msg), (sub, sent, version)));
+                }
+            }
+        },
+    );
+    Box::pin(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        HubConfig, SignalsMetrics,
+        hub::tests::{CountingProbe, FakeIndex},
+    };
+    use futures::StreamExt as _;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_is_a_snapshot_then_numbered_deltas() {
+        let index = FakeIndex::new(&[1, 2]);
+        let hub = Hub::new(
+            index.clone(),
+            CountingProbe::default(),
+            HubConfig::default(),
+            SignalsMetrics::default(),
+        );
+        let sub = hub.subscribe(&index.pool, Engine::Vllm).unwrap();
+        // Let the loops read once.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let mut s = updates(sub, hub.config().refresh);
+        let first = s.next().await.unwrap().unwrap();
+        assert_eq!((first.version, first.full), (1, true));
+        assert_eq!(first.readings.len(), 2);
+        assert_eq!(first.readings[0].num_requests_waiting, Some(1));
+        // Unchanged readings come again once the held copy is older than the refresh interval,
+        // fresher; versions count up by one.
+        let mut last = 1;
+        for _ in 0..4 {
+            let m = s.next().await.unwrap().unwrap();
+            assert_eq!(m.version, last + 1);
+            last = m.version;
+            assert!(!m.full);
+            assert!(m.readings.iter().all(|r| r.age_ms < 100), "{m:?}");
+        }
+        index.set(&[2]);
+        let removed = loop {
+            let m = s.next().await.unwrap().unwrap();
+            if !m.removed.is_empty() {
+                break m.removed;
+            }
+        };
+        assert_eq!(removed, vec!["127.0.0.1:1".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_path_is_refused() {
+        let index = FakeIndex::new(&[1]);
+        let server = SignalsServer::new(Hub::new(
+            index,
+            CountingProbe::default(),
+            HubConfig::default(),
+            SignalsMetrics::default(),
+        ));
+        let bad = server
+            .watch(tonic::Request::new(api::SignalsTarget {
+                path: "nope".into(),
+                engine: String::new(),
+            }))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+        let missing = server
+            .watch(tonic::Request::new(api::SignalsTarget {
+                path: "other.default.inferencepool.kinference.io".into(),
+                engine: String::new(),
+            }))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(missing.code(), tonic::Code::NotFound);
+    }
+}
