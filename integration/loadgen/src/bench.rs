@@ -125,7 +125,7 @@ pub struct BenchReport {
     pub proxy_memory: ProxyMemory,
 }
 
-fn machine() -> BTreeMap<String, String> {
+pub(crate) fn machine() -> BTreeMap<String, String> {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
         .lines()

@@ -91,13 +91,13 @@ pub fn chat_body(model: &str, content: &str, max_tokens: u32, stream: bool) -> B
 
 /// The address and request template of an `http://` URL.
 #[derive(Clone, Debug)]
-struct Target {
-    addr: SocketAddr,
+pub(crate) struct Target {
+    pub(crate) addr: SocketAddr,
     authority: HeaderValue,
     path: http::Uri,
 }
 
-fn parse_url(url: &str) -> Result<Target, LoadError> {
+pub(crate) fn parse_url(url: &str) -> Result<Target, LoadError> {
     let uri: http::Uri = url.parse().map_err(|_| LoadError::Url(url.into()))?;
     if uri.scheme_str() != Some("http") {
         return Err(LoadError::Url(url.into()));
@@ -234,9 +234,9 @@ async fn one(
 ) -> Outcome {
     let lag_us = micros(crate::clock::now().saturating_duration_since(intended));
     let mut first_chunk: Option<Instant> = None;
-    let exchange = exchange(pool, target, body, mode, &mut first_chunk);
+    let exchange = exchange(pool, target, body, mode, &mut first_chunk, None);
     let result = match tokio::time::timeout_at((intended + timeout).into(), exchange).await {
-        Ok(r) => r,
+        Ok(r) => r.map(|_| ()),
         Err(_) => Err("timeout".to_string()),
     };
     let done = crate::clock::now();
@@ -249,13 +249,18 @@ async fn one(
     }
 }
 
-async fn exchange(
+/// Sends one request on a pooled connection and reads its response to the end, noting when the
+/// first SSE `data:` chunk arrived and, when `first_token` is given, the first event that carries
+/// generated text ([`carries_text`]); the answer's `x-kinference-endpoint` (which replica the
+/// proxy chose), or the kind of failure.
+pub(crate) async fn exchange(
     pool: &Pool,
     target: &Target,
     body: Bytes,
     mode: Mode,
     first_chunk: &mut Option<Instant>,
-) -> Result<(), String> {
+    mut first_token: Option<&mut Option<Instant>>,
+) -> Result<Option<String>, String> {
     let mut conn = pool.get().await.map_err(|e| match e {
         PoolError::Connect { .. } => "connect".to_string(),
         PoolError::Handshake { .. } => "handshake".to_string(),
@@ -281,9 +286,16 @@ async fn exchange(
         .await
         .map_err(|_| "send".to_string())?;
     let status = resp.status();
+    let endpoint = resp
+        .headers()
+        .get("x-kinference-endpoint")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let mut body = resp.into_body();
     // The last bytes seen, so a `data: [DONE]` split across two frames is still found.
     let mut tail: Vec<u8> = Vec::new();
+    // The events not yet complete, while the first token is looked for.
+    let mut pending: Vec<u8> = Vec::new();
     let (mut bytes, mut done_seen) = (0usize, false);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|_| "body".to_string())?;
@@ -295,6 +307,19 @@ async fn exchange(
             tail.extend_from_slice(data);
             if first_chunk.is_none() && contains(&tail, b"data:") {
                 *first_chunk = Some(crate::clock::now());
+            }
+            if let Some(token) = first_token.as_deref_mut()
+                && token.is_none()
+            {
+                pending.extend_from_slice(data);
+                while let Some(end) = find(&pending, b"\n\n") {
+                    let event: Vec<u8> = pending.drain(..end + 2).collect();
+                    if carries_text(&event) {
+                        *token = Some(crate::clock::now());
+                        pending.clear();
+                        break;
+                    }
+                }
             }
             if contains(&tail, b"data: [DONE]") {
                 done_seen = true;
@@ -310,12 +335,37 @@ async fn exchange(
     match mode {
         Mode::NonStream if bytes == 0 => Err("empty_body".into()),
         Mode::Stream if !done_seen => Err("incomplete_stream".into()),
-        _ => Ok(()),
+        _ => Ok(endpoint),
     }
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+    find(haystack, needle).is_some()
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Whether one SSE event is a chunk with generated text: a chat delta's non-empty `content` or a
+/// completion's non-empty `text`. A server may open a stream with a role-only chunk before its
+/// first token (the simulator does, at once; vLLM sends it with the first token), so the first
+/// `data:` is not the first token.
+pub fn carries_text(event: &[u8]) -> bool {
+    let Some(json) = std::str::from_utf8(event)
+        .ok()
+        .and_then(|e| e.trim().strip_prefix("data:"))
+    else {
+        return false;
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(json.trim()) else {
+        return false;
+    };
+    let non_empty = |v: &serde_json::Value| v.as_str().is_some_and(|s| !s.is_empty());
+    v["choices"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| non_empty(&c["delta"]["content"]) || non_empty(&c["text"]))
+    })
 }
 
 #[cfg(test)]
@@ -333,6 +383,19 @@ mod tests {
             Err(LoadError::Url(_))
         ));
         assert!(matches!(parse_url("not a url"), Err(LoadError::Url(_))));
+    }
+
+    #[test]
+    fn a_role_chunk_is_not_a_token() {
+        assert!(!carries_text(
+            br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}"#
+        ));
+        assert!(carries_text(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\" hi\"}}]}\n\n"
+        ));
+        assert!(carries_text(br#"data: {"choices":[{"text":"a"}]}"#));
+        assert!(!carries_text(b"data: [DONE]"));
+        assert!(!carries_text(b": keep-alive"));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use kinference_loadgen::{
     load::{self, LoadSpec, Mode},
     report::Summary,
     upstream,
+    vllm_latency::{self, VllmLatencyArgs},
 };
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -15,7 +16,7 @@ use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration}
 #[command(
     name = "kinference-loadgen",
     version,
-    about = "Open-loop HTTP load and the proxy overhead benchmark"
+    about = "Open-loop HTTP load and the proxy overhead benchmarks"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -32,6 +33,9 @@ enum Cmd {
     Bench(BenchArgs),
     /// Copy the example manifests with their EndpointSlices and pools pointed at local ports.
     Manifests(ManifestArgs),
+    /// The proxy's added latency over real vLLM (CPU) beside the simulator's, interleaved in one
+    /// run; writes results to --out-dir.
+    VllmLatency(VllmLatencyArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -118,6 +122,12 @@ fn main() -> anyhow::Result<()> {
             }
             std::fs::create_dir_all(&a.out)?;
             bench::setup::write_manifests(&a.examples, &a.out, &ports)
+        }
+        Cmd::VllmLatency(a) => {
+            let command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            let report = vllm_latency::run(&a, &command_line)?;
+            print!("{}", vllm_latency::markdown(&report));
+            Ok(())
         }
         Cmd::Bench(a) => {
             let command_line = std::env::args().collect::<Vec<_>>().join(" ");

@@ -8,6 +8,7 @@ use http_body_util::{BodyExt as _, Full, StreamBody, combinators::BoxBody};
 use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
 use kinference_loadgen::{
+    closed::Clients,
     load::{self, LoadSpec, Mode, chat_body},
     upstream,
 };
@@ -229,4 +230,36 @@ async fn the_instant_upstream_streams_and_answers() {
     let text = String::from_utf8(body.to_bytes().to_vec()).unwrap();
     assert!(text.contains("vllm:num_requests_running{model_name=\"upstream\"} 0"));
     assert!(text.contains("block_size=\"16\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_loop_sends_every_body_once_and_keeps_its_connections() {
+    let (addr, count) = server(5, true, true).await;
+    let clients = Clients::new(&format!("http://{addr}/v1/chat/completions"), 3).unwrap();
+    let bodies = Arc::new(
+        (0..20)
+            .map(|i| chat_body("m", &format!("hi {i}"), 1, true))
+            .collect::<Vec<_>>(),
+    );
+    for run in 1..=2u64 {
+        let samples = clients
+            .run(&bodies, Mode::Stream, Duration::from_secs(10))
+            .await;
+        assert_eq!(count.load(Ordering::SeqCst), 20 * run);
+        // In the bodies' order, each once; every 5th request was answered 503.
+        let indices: Vec<usize> = samples.iter().map(|s| s.index).collect();
+        assert_eq!(indices, (0..20).collect::<Vec<_>>());
+        let failed = samples.iter().filter(|s| s.error.is_some()).count();
+        assert_eq!(failed, 4, "{samples:?}");
+        for s in samples.iter().filter(|s| s.error.is_none()) {
+            let (first, token) = (s.first_chunk_us.unwrap(), s.first_token_us.unwrap());
+            assert!(first <= token && token <= s.total_us, "{s:?}");
+        }
+    }
+    // One connection per client, kept from run to run.
+    assert!(
+        clients.connections_opened() <= 3,
+        "{}",
+        clients.connections_opened()
+    );
 }
