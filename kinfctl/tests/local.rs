@@ -96,6 +96,8 @@ fn start() -> Stack {
         manifests,
         log_dir: None,
         quiet: true,
+        vllm: Vec::new(),
+        reaper: None,
     };
     wait_until("the proxy is ready with every endpoint's signals", || {
         let eps = get_json(&format!("{}/debug/endpoints", admin(&stack)))?;

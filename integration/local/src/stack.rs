@@ -452,7 +452,7 @@ pub struct Stack {
     pub vllm: Vec<VllmReplica>,
     /// Stops the vLLM replicas if this process goes without dropping the stack. Last: it is
     /// dropped after them, and then finds nothing to stop.
-    _reaper: Option<Reaper>,
+    pub reaper: Option<Reaper>,
 }
 
 impl Stack {
@@ -540,7 +540,7 @@ impl Stack {
             log_dir: opts.log_dir.clone(),
             quiet: opts.quiet,
             vllm,
-            _reaper: reaper,
+            reaper,
         })
     }
 
