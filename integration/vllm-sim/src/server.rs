@@ -14,7 +14,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicU32, Ordering},
+        atomic::{AtomicU32, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -80,6 +80,10 @@ pub(crate) struct State {
     pub(crate) created_unix_s: f64,
     /// What `GET /load` reports (see [`LoadGuard`]).
     pub(crate) server_load: Arc<AtomicU32>,
+    /// The signal reads this replica has served, `GET /metrics` then `GET /load`: how a benchmark
+    /// sees the load a mesh's sidecars (or the signal service) put on an engine. Exported as
+    /// `signal_reads` in `GET /sim/state`, so that `/metrics` stays exactly vLLM's exposition.
+    pub(crate) signal_reads: [AtomicU64; 2],
 }
 
 impl State {
@@ -139,6 +143,7 @@ pub async fn serve(config: ReplicaConfig, addr: SocketAddr) -> Result<Replica, S
         rng: Mutex::new(fault::rng(config.seed)),
         created_unix_s: crate::driver::unix_now_s(),
         server_load: Arc::new(AtomicU32::new(0)),
+        signal_reads: Default::default(),
         driver,
         config,
     });
@@ -318,10 +323,13 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
         (_, "/tokenize") => tokenize(&state, req).await,
         (_, "/health") => Ok(Response::new(full(Bytes::new()))),
         (_, "/metrics") => metrics_response(&state).await,
-        (_, "/load") => Ok(json_response(
-            StatusCode::OK,
-            &json!({ "server_load": state.server_load.load(Ordering::SeqCst) }),
-        )),
+        (_, "/load") => {
+            state.signal_reads[1].fetch_add(1, Ordering::Relaxed);
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({ "server_load": state.server_load.load(Ordering::SeqCst) }),
+            ))
+        }
         (_, "/reset_prefix_cache") => {
             let reset = state.driver.reset_prefix_cache();
             if reset {
@@ -393,6 +401,7 @@ async fn tokenize(state: &State, req: Request<Incoming>) -> Result<Response<Body
 }
 
 async fn metrics_response(state: &State) -> Result<Response<Body>, ApiError> {
+    state.signal_reads[0].fetch_add(1, Ordering::Relaxed);
     let fault = state.faults.lock().metrics;
     match fault {
         MetricsFault::Ok => {}
@@ -464,5 +473,9 @@ fn sim_state(state: &State) -> Value {
         "inter_token_latency": hist(&s.inter_token_latency),
         "e2e_request_latency": hist(&s.e2e_request_latency),
         "engine": state.config.engine,
+        "signal_reads": {
+            "metrics": state.signal_reads[0].load(Ordering::Relaxed),
+            "load": state.signal_reads[1].load(Ordering::Relaxed),
+        },
     })
 }

@@ -303,3 +303,29 @@ async fn load_counts_requests_from_arrival_until_their_response_is_written() {
         replica.shutdown().await;
     }
 }
+
+/// `/sim/state` counts the signal reads the replica served (what a mesh costs an engine), and
+/// reading `/sim/state` is not one of them.
+#[tokio::test]
+async fn signal_reads_are_counted_by_path() {
+    let replica = start(small_config()).await;
+    let base = replica.url();
+    bounded(30, async {
+        let reads = |s: &serde_json::Value| {
+            (
+                s["signal_reads"]["metrics"].as_u64().unwrap(),
+                s["signal_reads"]["load"].as_u64().unwrap(),
+            )
+        };
+        assert_eq!(reads(&get_json(&format!("{base}/sim/state")).await), (0, 0));
+        for _ in 0..3 {
+            scrape(&base).await;
+        }
+        for _ in 0..2 {
+            get_json(&format!("{base}/load")).await;
+        }
+        assert_eq!(reads(&get_json(&format!("{base}/sim/state")).await), (3, 2));
+        assert_eq!(reads(&get_json(&format!("{base}/sim/state")).await), (3, 2));
+    })
+    .await;
+}
