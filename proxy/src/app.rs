@@ -115,8 +115,11 @@ fn spawn_target(config: &Config, name: String, shared: &stack::Shared) -> Target
             target.endpoints.clone(),
             target.router.clone(),
             shared.metrics.signals.clone(),
-            config.scrape_interval(),
-            config.scrape_timeout(),
+            signals::SignalsConfig {
+                interval: config.scrape_interval(),
+                timeout: config.scrape_timeout(),
+                service: config.signal_service(),
+            },
         ),
     ]);
     TargetStack {

@@ -166,6 +166,28 @@ pub struct Config {
     )]
     pub scrape_timeout_ms: u64,
 
+    /// The control plane's engine-signals service (`EngineSignals.Watch`, the controller's
+    /// `--signals-addr`), e.g. `http://kinference-signals.kinference:8092`. With it, each pool's
+    /// engine readings come from the service's stream, and this proxy reads the engines itself
+    /// only while the stream is down (docs/signals.md).
+    #[arg(long, env = "KINFERENCE_PROXY_SIGNALS_ADDR")]
+    pub signals_addr: Option<http::Uri>,
+
+    /// How long the signal stream may be silent before the proxy reads the engines directly, in
+    /// milliseconds (the service refreshes idle engines more often than this).
+    #[arg(long, env = "KINFERENCE_PROXY_SIGNALS_STALE_MS", default_value_t = 500)]
+    pub signals_stale_ms: u64,
+
+    /// How often each endpoint is read directly while its pool's signal stream is down, in
+    /// milliseconds: slower than `--scrape-interval-ms`, so that a mesh falling back at once does
+    /// not multiply the engines' load by its size at full rate.
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_SIGNALS_FALLBACK_INTERVAL_MS",
+        default_value_t = 200
+    )]
+    pub signals_fallback_interval_ms: u64,
+
     /// How long to connect to an endpoint before trying the next one, in milliseconds.
     #[arg(
         long,
@@ -309,6 +331,16 @@ impl Config {
             Duration::from_millis(self.h2_keepalive_ms.max(1)),
             self.max_connections,
         )
+    }
+
+    /// Where engine readings come from: the signal service when `--signals-addr` names one.
+    pub fn signal_service(&self) -> Option<crate::signals::ServiceConfig> {
+        Some(crate::signals::ServiceConfig {
+            addr: self.signals_addr.clone()?,
+            stale: Duration::from_millis(self.signals_stale_ms.max(1)),
+            fallback_interval: Duration::from_millis(self.signals_fallback_interval_ms.max(1)),
+            connect_timeout: self.scrape_timeout().max(Duration::from_millis(250)),
+        })
     }
 
     pub fn scrape_timeout(&self) -> Duration {

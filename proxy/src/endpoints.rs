@@ -27,6 +27,9 @@ pub struct EndpointInfo {
     pub model: String,
     pub served_name: String,
     pub pool: String,
+    /// Its pool's Destination path (`<pool>.<namespace>.inferencepool.kinference.io`), what the
+    /// signal service is asked for.
+    pub destination: String,
     /// Where the endpoint publishes KV events, when its pool does.
     pub kv_events: Option<KvSubscription>,
     /// The model server it runs, whose metrics the scraper reads.
@@ -95,6 +98,8 @@ struct Table {
     tokenizers: Arc<HashMap<ModelName, Tokenizer>>,
     /// Each endpoint's context window (`max_model_len` from its `GET /v1/models`), once known.
     context_windows: HashMap<EndpointId, u32>,
+    /// Where each pool's readings come from now, by Destination path, with a signal service.
+    signal_sources: HashMap<String, crate::signals::Source>,
 }
 
 /// A shared handle on one target's endpoint table.
@@ -246,6 +251,20 @@ impl EndpointTable {
         st.last_error = Some(error);
     }
 
+    /// Records where the pool at `destination` reads its engines now.
+    pub fn record_signal_source(&self, destination: &str, source: crate::signals::Source) {
+        self.inner
+            .write()
+            .signal_sources
+            .insert(destination.to_string(), source);
+    }
+
+    /// Where the pool at `destination` reads its engines: `None` without a signal service (each
+    /// endpoint is scraped by this proxy).
+    pub fn signal_source(&self, destination: &str) -> Option<crate::signals::Source> {
+        self.inner.read().signal_sources.get(destination).cloned()
+    }
+
     /// Records what `id`'s engine said of its pool's tokenizer contract.
     pub fn record_contract(&self, id: &EndpointId, check: ContractCheck) {
         let mut t = self.inner.write();
@@ -347,6 +366,7 @@ fn desired(
                 model: m.name.clone(),
                 served_name: m.served_name.clone(),
                 pool: m.pool.clone(),
+                destination: m.destination_path.clone(),
                 kv_events,
                 engine: engine_of(m),
             };

@@ -314,6 +314,12 @@ pub struct RetryMetrics {
 #[derive(Clone, Debug)]
 pub struct SignalMetrics {
     pub scrape_errors: Family<PoolLabels, Counter>,
+    /// Switches of a pool to reading its engines directly because the signal service failed.
+    pub signal_fallbacks: Family<PoolLabels, Counter>,
+    /// Signal-service messages applied.
+    pub signal_updates: Family<PoolLabels, Counter>,
+    /// 1 while a pool's readings come from the signal service, 0 while it reads the engines.
+    pub signal_stream_live: Family<PoolLabels, Gauge>,
     pub kv_event_batches: Family<PoolLabels, Counter>,
     pub kv_event_errors: Family<KvErrorLabels, Counter>,
 }
@@ -465,6 +471,24 @@ impl Metrics {
             &mut r,
             "scrape_errors",
             "Failed scrapes of endpoint metrics",
+            Family::default(),
+        );
+        let signal_fallbacks = registered(
+            &mut r,
+            "signal_fallbacks",
+            "Switches of a pool to reading its engines directly because the signal service failed",
+            Family::default(),
+        );
+        let signal_updates = registered(
+            &mut r,
+            "signal_updates",
+            "Signal-service messages applied",
+            Family::default(),
+        );
+        let signal_stream_live = registered(
+            &mut r,
+            "signal_stream_live",
+            "1 while a pool's engine readings come from the signal service, 0 while the proxy reads the engines",
             Family::default(),
         );
         let kv_event_batches = registered(
@@ -620,6 +644,9 @@ impl Metrics {
             retry: RetryMetrics { retries, ejections },
             signals: SignalMetrics {
                 scrape_errors,
+                signal_fallbacks,
+                signal_updates,
+                signal_stream_live,
                 kv_event_batches,
                 kv_event_errors,
             },

@@ -13,6 +13,9 @@
 //! `GET /v1/models`) is asked once it answers and every few minutes after, so that a prompt
 //! longer than every candidate's window is refused before it is hashed or sent.
 //!
+//! With a signal service (`--signals-addr`), [`service`] reads each pool's engines through the
+//! control plane instead, and the scrapers read directly only while its stream is down.
+//!
 //! Where the policy says a pool's endpoints publish vLLM KV events, a second task per endpoint
 //! subscribes to its ZMQ publisher and applies each batch to the router's precise prefix index.
 //! A lost batch (a sequence gap, an undecodable message) clears that endpoint's mirror: an index
@@ -25,17 +28,17 @@ use crate::{
     router::RouterHandle,
 };
 use kinference_proxy_signals::{
-    KvEventError, KvEventsConfig, ScrapeError, Scraper, Tokenizer, VllmMetrics,
-    subscribe_kv_events_with,
+    KvEventError, KvEventsConfig, ScrapeError, Scraper, Tokenizer, subscribe_kv_events_with,
 };
+use kinference_routing::EndpointId;
 use kinference_routing::KvEvent;
-use kinference_routing::{
-    EndpointId, Scrape,
-    endpoint::{CacheConfig, PrefixCacheCounters},
-};
 use std::{collections::HashMap, time::Duration};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+pub mod service;
+
+pub use self::service::{ServiceConfig, Source};
 
 /// How often an endpoint's context window is asked again once known.
 const MODELS_INTERVAL: Duration = Duration::from_secs(300);
@@ -43,52 +46,31 @@ const MODELS_INTERVAL: Duration = Duration::from_secs(300);
 /// The longest wait before asking again after a failed or windowless answer.
 const MODELS_RETRY: Duration = Duration::from_secs(5);
 
-/// Converts a parsed vLLM scrape into the router's scrape.
-pub fn to_scrape(m: &VllmMetrics) -> Scrape {
-    let count = |v: Option<f64>| {
-        v.filter(|v| v.is_finite() && *v >= 0.0)
-            .map(|v| v.round().min(f64::from(u32::MAX)) as u32)
-    };
-    let tokens = |v: Option<f64>| v.filter(|v| v.is_finite() && *v >= 0.0).map(|v| v as u64);
-    Scrape {
-        num_requests_waiting: count(m.num_requests_waiting),
-        num_requests_running: count(m.num_requests_running),
-        kv_cache_usage: m.kv_cache_usage,
-        cache_config: match (m.block_size, m.num_gpu_blocks) {
-            (Some(b), Some(n)) if b > 0 => Some(CacheConfig {
-                block_size_tokens: b,
-                num_gpu_blocks: u64::from(n),
-            }),
-            _ => None,
-        },
-        prefix_cache: match (
-            tokens(m.prefix_cache_queries_tokens),
-            tokens(m.prefix_cache_hits_tokens),
-        ) {
-            (Some(q), Some(h)) => Some(PrefixCacheCounters {
-                queries_tokens: q,
-                hits_tokens: h,
-                prompt_tokens: tokens(m.prompt_tokens),
-            }),
-            _ => None,
-        },
-        server_load: None,
-        generation_tokens: tokens(m.generation_tokens),
-    }
+/// How one target reads its endpoints.
+#[derive(Clone, Debug)]
+pub struct SignalsConfig {
+    /// How often each endpoint is scraped when this proxy reads it.
+    pub interval: Duration,
+    /// The timeout of one scrape.
+    pub timeout: Duration,
+    /// The control plane's signal service, when there is one.
+    pub service: Option<ServiceConfig>,
 }
 
-/// Keeps one scraper per endpoint until the returned task is dropped or aborted.
+/// Keeps one scraper per endpoint (and, with a signal service, one stream per pool) until the
+/// returned task is dropped or aborted.
 pub fn spawn(
     endpoints: EndpointTable,
     router: RouterHandle,
     metrics: SignalMetrics,
-    interval: Duration,
-    timeout: Duration,
+    config: SignalsConfig,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let scraper = Scraper::new(timeout);
+        let scraper = Scraper::new(config.timeout);
         let mut rx = endpoints.subscribe();
         let mut tasks: HashMap<EndpointId, (EndpointInfo, Tasks)> = HashMap::new();
+        let mut pools: HashMap<(String, kinference_proxy_signals::Engine), service::PoolStream> =
+            HashMap::new();
         loop {
             let current = rx.borrow_and_update().clone();
             tasks.retain(|id, (info, task)| {
@@ -98,10 +80,42 @@ pub fn spawn(
                 }
                 keep
             });
+            if let Some(service) = &config.service {
+                pools.retain(|(dest, engine), _| {
+                    current
+                        .iter()
+                        .any(|e| e.destination == *dest && e.engine == *engine)
+                });
+                for e in current.iter() {
+                    pools
+                        .entry((e.destination.clone(), e.engine))
+                        .or_insert_with(|| {
+                            service::spawn_pool(service::PoolParams {
+                                config: service.clone(),
+                                destination: e.destination.clone(),
+                                engine: e.engine,
+                                labels: PoolLabels {
+                                    pool: e.pool.clone(),
+                                    model: e.model.clone(),
+                                },
+                                table: endpoints.clone(),
+                                router: router.clone(),
+                                metrics: metrics.clone(),
+                            })
+                        });
+                }
+            }
             for e in current.iter() {
                 if tasks.contains_key(&e.id) {
                     continue;
                 }
+                let reads = Reads {
+                    interval: config.interval,
+                    service: config.service.as_ref().and_then(|s| {
+                        let pool = pools.get(&(e.destination.clone(), e.engine))?;
+                        Some((pool.source.clone(), s.fallback_interval))
+                    }),
+                };
                 let task = Tasks {
                     scrape: tokio::spawn(scrape_loop(
                         endpoints.clone(),
@@ -109,7 +123,7 @@ pub fn spawn(
                         metrics.clone(),
                         scraper.clone(),
                         e.clone(),
-                        interval,
+                        reads,
                     )),
                     kv_events: e.kv_events.clone().map(|sub| {
                         tokio::spawn(kv_loop(
@@ -300,14 +314,27 @@ fn kv_error_reason(e: &KvEventError) -> &'static str {
     }
 }
 
+/// When an endpoint's scraper reads its metrics.
+#[derive(Clone, Debug)]
+struct Reads {
+    interval: Duration,
+    /// With a signal service: its pool's source, and how often to read while it is not the
+    /// service.
+    service: Option<(tokio::sync::watch::Receiver<Source>, Duration)>,
+}
+
 async fn scrape_loop(
     table: EndpointTable,
     router: RouterHandle,
     metrics: SignalMetrics,
     scraper: Scraper,
     endpoint: EndpointInfo,
-    interval: Duration,
+    reads: Reads,
 ) {
+    let interval = reads.interval;
+    // With a signal service, direct reads happen only while its stream is down, at most once per
+    // fallback interval.
+    let mut next_direct = Instant::now();
     let (Ok(url), Ok(load_url)) = (
         format!("http://{}/metrics", endpoint.addr).parse::<http::Uri>(),
         format!("http://{}/load", endpoint.addr).parse::<http::Uri>(),
@@ -327,6 +354,33 @@ async fn scrape_loop(
     loop {
         tick.tick().await;
         let started = Instant::now();
+        if let (Some(url), Some(due)) = (&models_url, models_due)
+            && started >= due
+        {
+            models_due = match scraper.max_model_len(url).await {
+                Ok(Some(n)) => {
+                    table.record_context_window(&endpoint.id, n);
+                    Some(started + MODELS_INTERVAL)
+                }
+                Ok(None) => Some(started + MODELS_RETRY),
+                Err(ScrapeError::Status { status, .. })
+                    if status == http::StatusCode::NOT_FOUND =>
+                {
+                    None
+                }
+                Err(error) => {
+                    tracing::debug!(endpoint = %endpoint.id, %error, "GET /v1/models failed");
+                    Some(started + interval.min(MODELS_RETRY))
+                }
+            };
+        }
+        if let Some((source, fallback_interval)) = &reads.service {
+            if service::from_service(source) || started < next_direct {
+                continue;
+            }
+            next_direct = started + *fallback_interval;
+        }
+        let sent = Instant::now();
         let (scraped, load) = if poll_load {
             let (m, l) = tokio::join!(
                 scraper.scrape_engine(&url, endpoint.engine),
@@ -351,32 +405,12 @@ async fn scrape_loop(
             }
             None => None,
         };
-        if let (Some(url), Some(due)) = (&models_url, models_due)
-            && started >= due
-        {
-            models_due = match scraper.max_model_len(url).await {
-                Ok(Some(n)) => {
-                    table.record_context_window(&endpoint.id, n);
-                    Some(started + MODELS_INTERVAL)
-                }
-                Ok(None) => Some(started + MODELS_RETRY),
-                Err(ScrapeError::Status { status, .. })
-                    if status == http::StatusCode::NOT_FOUND =>
-                {
-                    None
-                }
-                Err(error) => {
-                    tracing::debug!(endpoint = %endpoint.id, %error, "GET /v1/models failed");
-                    Some(started + interval.min(MODELS_RETRY))
-                }
-            };
-        }
         match scraped {
             Ok(m) => {
                 // Stamped with when the scrape was sent: the values are at least that old.
-                let mut scrape = to_scrape(&m);
+                let mut scrape = m.to_scrape();
                 scrape.server_load = server_load;
-                let at = router.clock().time_of(started);
+                let at = router.clock().time_of(sent);
                 router.observe_scrape(&endpoint.id, &scrape, at);
             }
             Err(error) => {
@@ -460,8 +494,11 @@ mod tests {
             table.clone(),
             router.clone(),
             crate::metrics::Metrics::new().signals,
-            Duration::from_millis(20),
-            Duration::from_secs(1),
+            SignalsConfig {
+                interval: Duration::from_millis(20),
+                timeout: Duration::from_secs(1),
+                service: None,
+            },
         );
         let id = EndpointId::from(addr.to_string());
         let seen = tokio::time::timeout(Duration::from_secs(10), async {
@@ -487,33 +524,6 @@ mod tests {
         assert_eq!(seen, (12, 5, 0.31));
     }
 
-    #[test]
-    fn converts_vllm_metrics_to_a_scrape() {
-        let m = VllmMetrics {
-            num_requests_running: Some(3.0),
-            num_requests_waiting: Some(1.6),
-            kv_cache_usage: Some(0.5),
-            prefix_cache_queries_tokens: Some(100.0),
-            prefix_cache_hits_tokens: Some(40.0),
-            prompt_tokens: Some(60.0),
-            block_size: Some(16),
-            num_gpu_blocks: Some(1000),
-            ..VllmMetrics::default()
-        };
-        let s = to_scrape(&m);
-        assert_eq!(s.num_requests_running, Some(3));
-        assert_eq!(s.num_requests_waiting, Some(2));
-        assert_eq!(s.kv_cache_usage, Some(0.5));
-        assert_eq!(s.cache_config.map(|c| c.capacity_tokens()), Some(16_000));
-        assert_eq!(s.prefix_cache.map(|p| p.hits_tokens), Some(40));
-        assert_eq!(s.prefix_cache.and_then(|p| p.prompt_tokens), Some(60));
-        let empty = to_scrape(&VllmMetrics {
-            num_requests_waiting: Some(f64::NAN),
-            ..VllmMetrics::default()
-        });
-        assert_eq!(empty, Scrape::default());
-    }
-
     fn info(addr: std::net::SocketAddr) -> EndpointInfo {
         EndpointInfo {
             id: EndpointId::from(addr.to_string()),
@@ -521,6 +531,7 @@ mod tests {
             model: "glm-5.3".into(),
             served_name: "tiny".into(),
             pool: "glm-5.3".into(),
+            destination: "glm-5.3.default.inferencepool.kinference.io".into(),
             kv_events: None,
             engine: kinference_proxy_signals::Engine::Vllm,
         }

@@ -243,6 +243,7 @@ async fn scrape_loop<P: Probe>(
     };
     let (ok, error) = (counter("ok"), counter("error"));
     let mut load = true;
+    let mut reads = 0u64;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -256,6 +257,8 @@ async fn scrape_loop<P: Probe>(
                 values.addr = key.clone();
                 values.age_ms = 0;
                 values.failures = 0;
+                reads += 1;
+                values.read_seq = reads;
                 tx.send_modify(|s| {
                     s.endpoints.insert(
                         key.clone(),

@@ -85,37 +85,26 @@ impl Probe for HttpProbe {
     }
 }
 
-/// An engine's parsed exposition as a reading (without address, age or load): the same rounding
-/// and filtering of non-finite and negative values as the proxy's own scrape.
+/// An engine's parsed exposition as a reading (without address, age or load), through the same
+/// [`VllmMetrics::to_scrape`] the proxy's own scrapes use, so the rounding and filtering rules live
+/// in one place.
 pub fn reading_of(m: &VllmMetrics) -> api::EndpointReading {
-    let count = |v: Option<f64>| {
-        v.filter(|v| v.is_finite() && *v >= 0.0)
-            .map(|v| v.round().min(f64::from(u32::MAX)) as u32)
-    };
-    let tokens = |v: Option<f64>| v.filter(|v| v.is_finite() && *v >= 0.0).map(|v| v as u64);
+    let s = m.to_scrape();
     api::EndpointReading {
-        num_requests_waiting: count(m.num_requests_waiting),
-        num_requests_running: count(m.num_requests_running),
-        kv_cache_usage: m.kv_cache_usage.filter(|v| v.is_finite()),
-        cache_config: match (m.block_size, m.num_gpu_blocks) {
-            (Some(b), Some(n)) if b > 0 => Some(api::CacheConfig {
-                block_size_tokens: b,
-                num_gpu_blocks: u64::from(n),
-            }),
-            _ => None,
-        },
-        prefix_cache: match (
-            tokens(m.prefix_cache_queries_tokens),
-            tokens(m.prefix_cache_hits_tokens),
-        ) {
-            (Some(q), Some(h)) => Some(api::PrefixCacheCounters {
-                queries_tokens: q,
-                hits_tokens: h,
-                prompt_tokens: tokens(m.prompt_tokens),
-            }),
-            _ => None,
-        },
-        generation_tokens: tokens(m.generation_tokens),
+        num_requests_waiting: s.num_requests_waiting,
+        num_requests_running: s.num_requests_running,
+        kv_cache_usage: s.kv_cache_usage,
+        cache_config: s.cache_config.map(|c| api::CacheConfig {
+            block_size_tokens: c.block_size_tokens,
+            num_gpu_blocks: c.num_gpu_blocks,
+        }),
+        prefix_cache: s.prefix_cache.map(|p| api::PrefixCacheCounters {
+            queries_tokens: p.queries_tokens,
+            hits_tokens: p.hits_tokens,
+            prompt_tokens: p.prompt_tokens,
+        }),
+        generation_tokens: s.generation_tokens,
+        server_load: s.server_load,
         ..Default::default()
     }
 }

@@ -106,24 +106,33 @@ where
     }
 }
 
-/// The stream of one subscription: the snapshot, then numbered deltas.
+/// The stream of one subscription: the snapshot, then numbered deltas. A stream with nothing new
+/// for `refresh` sends an empty delta, so a sidecar tells a quiet pool (no endpoints, or engines
+/// that stopped answering) from a dead stream by silence alone.
 pub fn updates(sub: Subscription, refresh: Duration) -> BoxStream<api::SignalsUpdate> {
+    let heartbeat = refresh.max(Duration::from_millis(10));
     let s = stream::unfold(
-        (sub, None::<delta::Sent>, 0u64),
-        move |(mut sub, mut sent, mut version)| async move {
+        (sub, None::<delta::Sent>, 0u64, tokio::time::Instant::now()),
+        move |(mut sub, mut sent, mut version, mut last)| async move {
             loop {
-                if sent.is_some() && sub.state.changed().await.is_err() {
-                    return None;
+                let mut msg = None;
+                if sent.is_some() {
+                    match tokio::time::timeout_at(last + heartbeat, sub.state.changed()).await {
+                        Ok(Err(_)) => return None,
+                        Ok(Ok(())) => {}
+                        Err(_) => msg = Some(api::SignalsUpdate::default()),
+                    }
                 }
                 let now = tokio::time::Instant::now();
-                let msg = {
+                if msg.is_none() {
                     let state = sub.state.borrow_and_update();
-                    delta::next(&mut sent, &state, now, refresh)
-                };
+                    msg = delta::next(&mut sent, &state, now, refresh);
+                }
                 if let Some(mut msg) = msg {
                     version += 1;
                     msg.version = version;
-                    return Some((Ok(msg), (sub, sent, version)));
+                    last = now;
+                    return Some((Ok(msg), (sub, sent, version, last)));
                 }
             }
         },
@@ -175,6 +184,38 @@ mod tests {
             }
         };
         assert_eq!(removed, vec!["127.0.0.1:1".to_string()]);
+    }
+
+    /// A pool with nothing to say still speaks every refresh interval (an empty delta), and each
+    /// new read of an endpoint carries the next `read_seq`.
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_stream_beats_and_reads_are_numbered() {
+        let index = FakeIndex::new(&[]);
+        let hub = Hub::new(
+            index.clone(),
+            CountingProbe::default(),
+            HubConfig::default(),
+            SignalsMetrics::default(),
+        );
+        let refresh = hub.config().refresh;
+        let sub = hub.subscribe(&index.pool, Engine::Vllm).unwrap();
+        let mut s = updates(sub, refresh);
+        let first = s.next().await.unwrap().unwrap();
+        assert!(first.full && first.readings.is_empty());
+        let started = tokio::time::Instant::now();
+        let beat = s.next().await.unwrap().unwrap();
+        assert_eq!(beat.version, 2);
+        assert!(!beat.full && beat.readings.is_empty() && beat.removed.is_empty());
+        assert_eq!(started.elapsed(), refresh);
+
+        index.set(&[7]);
+        let mut seqs = Vec::new();
+        while seqs.len() < 3 {
+            let m = s.next().await.unwrap().unwrap();
+            seqs.extend(m.readings.iter().map(|r| r.read_seq));
+        }
+        assert!(seqs.windows(2).all(|w| w[1] > w[0]), "{seqs:?}");
+        assert_eq!(seqs[0], 1);
     }
 
     #[tokio::test]

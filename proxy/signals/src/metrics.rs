@@ -22,6 +22,10 @@
 //! rest line by line, and its tests pin what it accepts.
 
 use crate::engine::Engine;
+use kinference_routing::{
+    Scrape,
+    endpoint::{CacheConfig, PrefixCacheCounters},
+};
 use std::{borrow::Cow, collections::BTreeMap};
 
 /// What one scrape says about an endpoint. Every field is `None` (or empty) when the exposition
@@ -52,6 +56,45 @@ pub struct VllmMetrics {
     /// From the latest `vllm:lora_requests_info` sample.
     pub running_lora_adapters: Vec<String>,
     pub max_lora: Option<u32>,
+}
+
+impl VllmMetrics {
+    /// What the routing core reads of this scrape (without `GET /load`, which is another read):
+    /// counts rounded and capped, non-finite or negative values dropped. The proxy's own scrapes
+    /// and the signal service's readings both go through here, so a sidecar sees an engine the
+    /// same way whichever read it.
+    pub fn to_scrape(&self) -> Scrape {
+        let count = |v: Option<f64>| {
+            v.filter(|v| v.is_finite() && *v >= 0.0)
+                .map(|v| v.round().min(f64::from(u32::MAX)) as u32)
+        };
+        let tokens = |v: Option<f64>| v.filter(|v| v.is_finite() && *v >= 0.0).map(|v| v as u64);
+        Scrape {
+            num_requests_waiting: count(self.num_requests_waiting),
+            num_requests_running: count(self.num_requests_running),
+            kv_cache_usage: self.kv_cache_usage.filter(|v| v.is_finite()),
+            cache_config: match (self.block_size, self.num_gpu_blocks) {
+                (Some(b), Some(n)) if b > 0 => Some(CacheConfig {
+                    block_size_tokens: b,
+                    num_gpu_blocks: u64::from(n),
+                }),
+                _ => None,
+            },
+            prefix_cache: match (
+                tokens(self.prefix_cache_queries_tokens),
+                tokens(self.prefix_cache_hits_tokens),
+            ) {
+                (Some(q), Some(h)) => Some(PrefixCacheCounters {
+                    queries_tokens: q,
+                    hits_tokens: h,
+                    prompt_tokens: tokens(self.prompt_tokens),
+                }),
+                _ => None,
+            },
+            server_load: None,
+            generation_tokens: tokens(self.generation_tokens),
+        }
+    }
 }
 
 /// Why an exposition could not be read.

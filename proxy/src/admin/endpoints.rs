@@ -48,6 +48,15 @@ pub fn view(target: &Target) -> serde_json::Value {
         .iter()
         .filter_map(|e| Some((e.id.clone(), target.endpoints.context_window_of(&e.id)?)))
         .collect();
+    let sources: HashMap<&str, Option<crate::signals::Source>> = list
+        .iter()
+        .map(|e| {
+            (
+                e.destination.as_str(),
+                target.endpoints.signal_source(&e.destination),
+            )
+        })
+        .collect();
     let now = target.router.now();
     let age = |at: Time| now.saturating_since(at).as_secs_f64();
     let eps: Vec<serde_json::Value> = target.router.read(|router, learned| {
@@ -79,6 +88,16 @@ pub fn view(target: &Target) -> serde_json::Value {
                     "model": e.model,
                     "pool": e.pool,
                     "ready": predictions.contains_key(&e.id),
+                    // Who reads this endpoint's signals for this proxy: the control plane's
+                    // signal service, or this proxy ("engine": no service, or its stream down).
+                    "signals_source": sources
+                        .get(e.destination.as_str())
+                        .and_then(Option::as_ref)
+                        .map_or("engine", crate::signals::Source::reader),
+                    "signals_fallback_reason": sources
+                        .get(e.destination.as_str())
+                        .and_then(Option::as_ref)
+                        .and_then(crate::signals::Source::fallback_reason),
                     "signals": {
                         "num_requests_waiting": s.num_requests_waiting.map(|o| serde_json::json!({"value": o.value, "age_s": age(o.at)})),
                         "num_requests_running": s.num_requests_running.map(|o| serde_json::json!({"value": o.value, "age_s": age(o.at)})),

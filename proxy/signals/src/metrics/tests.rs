@@ -240,3 +240,35 @@ fn text_without_vllm_metrics_is_an_error() {
     );
     assert_eq!(parse_vllm_metrics(""), Err(ParseError::NoVllmMetrics));
 }
+
+#[test]
+fn converts_vllm_metrics_to_a_scrape() {
+    let m = VllmMetrics {
+        num_requests_running: Some(3.0),
+        num_requests_waiting: Some(1.6),
+        kv_cache_usage: Some(0.5),
+        prefix_cache_queries_tokens: Some(100.0),
+        prefix_cache_hits_tokens: Some(40.0),
+        prompt_tokens: Some(60.0),
+        generation_tokens: Some(7.0),
+        block_size: Some(16),
+        num_gpu_blocks: Some(1000),
+        ..VllmMetrics::default()
+    };
+    let s = m.to_scrape();
+    assert_eq!(s.num_requests_running, Some(3));
+    assert_eq!(s.num_requests_waiting, Some(2));
+    assert_eq!(s.kv_cache_usage, Some(0.5));
+    assert_eq!(s.cache_config.map(|c| c.capacity_tokens()), Some(16_000));
+    assert_eq!(s.prefix_cache.map(|p| p.hits_tokens), Some(40));
+    assert_eq!(s.prefix_cache.and_then(|p| p.prompt_tokens), Some(60));
+    assert_eq!(s.generation_tokens, Some(7));
+    let empty = VllmMetrics {
+        num_requests_waiting: Some(f64::NAN),
+        kv_cache_usage: Some(f64::INFINITY),
+        num_requests_running: Some(-1.0),
+        ..VllmMetrics::default()
+    }
+    .to_scrape();
+    assert_eq!(empty, kinference_routing::Scrape::default());
+}

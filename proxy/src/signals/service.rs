@@ -1,0 +1,281 @@
+//! A pool's engine readings from the control plane's signal service (`EngineSignals.Watch`), and
+//! the fall back to reading the engines directly while it is away.
+//!
+//! Without the service every sidecar scrapes every engine, so an engine's scrape load grows with
+//! the mesh. With it, one task per pool holds a stream from the controller, which reads each
+//! engine once, and applies each reading to the router as if this proxy had scraped it, dated
+//! on this proxy's clock by the age the message carries. The endpoint scrapers then only read
+//! what the service does not carry (the context window, rarely).
+//!
+//! The stream is trusted only while it speaks: the service sends at least every refresh interval
+//! (an empty delta when nothing changed), so a stream silent for `stale`, a failed connection or
+//! an ended stream all turn the pool to direct reads at `fallback_interval`, counted in
+//! `kinference_proxy_signal_fallbacks_total` and shown in `/debug/endpoints`. The task keeps
+//! reconnecting with backoff, and the pool returns to the service with the next snapshot.
+
+use crate::{
+    endpoints::EndpointTable,
+    metrics::{PoolLabels, SignalMetrics},
+    router::RouterHandle,
+};
+use kinference_proxy_api::signals::{
+    self as api, SignalsTarget, engine_signals_client::EngineSignalsClient,
+};
+use kinference_proxy_signals::Engine;
+use kinference_routing::{
+    EndpointId, Scrape,
+    endpoint::{CacheConfig, PrefixCacheCounters},
+};
+use std::{collections::HashMap, net::SocketAddr, time::Duration};
+use tokio::{sync::watch, task::JoinHandle, time::Instant};
+
+/// The first wait before reconnecting, doubled per failure up to [`BACKOFF_MAX`].
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// How a proxy reaches the signal service.
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    /// The service's address (`http://host:port`).
+    pub addr: http::Uri,
+    /// How long the stream may be silent before the pool reads its engines directly.
+    pub stale: Duration,
+    /// How often each endpoint is read directly meanwhile.
+    pub fallback_interval: Duration,
+    pub connect_timeout: Duration,
+}
+
+/// Where a pool's readings come from now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// No stream yet: the engines are read directly meanwhile.
+    Connecting,
+    /// The service's stream is live.
+    Service,
+    /// The service failed (why): the engines are read directly until it is back.
+    Fallback(String),
+}
+
+impl Source {
+    /// `service` or `engine`: who reads the engines for this proxy.
+    pub fn reader(&self) -> &'static str {
+        match self {
+            Source::Service => "service",
+            Source::Connecting | Source::Fallback(_) => "engine",
+        }
+    }
+
+    /// Why the pool reads its engines directly, if it does because the service failed.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        match self {
+            Source::Fallback(why) => Some(why),
+            _ => None,
+        }
+    }
+}
+
+/// Whether the pool's readings come from the service now. A stream task that has gone (its pool
+/// left the policy) leaves the endpoint to read directly.
+pub fn from_service(source: &watch::Receiver<Source>) -> bool {
+    source.has_changed().is_ok() && *source.borrow() == Source::Service
+}
+
+/// One pool's stream task; dropped, it stops.
+#[derive(Debug)]
+pub struct PoolStream {
+    pub source: watch::Receiver<Source>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for PoolStream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a pool's stream task needs.
+#[derive(Clone, Debug)]
+pub struct PoolParams {
+    pub config: ServiceConfig,
+    /// The pool's Destination path.
+    pub destination: String,
+    pub engine: Engine,
+    pub labels: PoolLabels,
+    pub table: EndpointTable,
+    pub router: RouterHandle,
+    pub metrics: SignalMetrics,
+}
+
+/// Starts following the pool's readings at the service.
+pub fn spawn_pool(params: PoolParams) -> PoolStream {
+    let (tx, source) = watch::channel(Source::Connecting);
+    params
+        .table
+        .record_signal_source(&params.destination, Source::Connecting);
+    PoolStream {
+        source,
+        task: tokio::spawn(follow(params, tx)),
+    }
+}
+
+async fn follow(p: PoolParams, tx: watch::Sender<Source>) {
+    let endpoint = tonic::transport::Endpoint::from(p.config.addr.clone())
+        .connect_timeout(p.config.connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(p.config.stale)
+        .keep_alive_timeout(p.config.stale);
+    let live = p
+        .metrics
+        .signal_stream_live
+        .get_or_create(&p.labels)
+        .clone();
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let (why, spoke) = stream_once(&p, &endpoint, &tx).await;
+        live.set(0);
+        if tx.borrow().fallback_reason().is_none() {
+            p.metrics.signal_fallbacks.get_or_create(&p.labels).inc();
+            tracing::warn!(
+                pool = %p.labels.pool,
+                addr = %p.config.addr,
+                %why,
+                "signal service unavailable: reading the engines directly"
+            );
+        } else {
+            tracing::debug!(pool = %p.labels.pool, %why, "signal service still unavailable");
+        }
+        let source = Source::Fallback(why);
+        p.table.record_signal_source(&p.destination, source.clone());
+        tx.send_replace(source);
+        if spoke {
+            backoff = BACKOFF_MIN;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// Holds one stream until it fails; why it ended, and whether it delivered anything.
+async fn stream_once(
+    p: &PoolParams,
+    endpoint: &tonic::transport::Endpoint,
+    tx: &watch::Sender<Source>,
+) -> (String, bool) {
+    let channel = match endpoint.connect().await {
+        Ok(c) => c,
+        Err(e) => return (format!("connect: {e}"), false),
+    };
+    let mut client = EngineSignalsClient::new(channel);
+    let target = SignalsTarget {
+        path: p.destination.clone(),
+        engine: p.engine.name().to_string(),
+    };
+    let watch = tokio::time::timeout(p.config.stale, client.watch(target));
+    let mut stream = match watch.await {
+        Ok(Ok(r)) => r.into_inner(),
+        Ok(Err(status)) => return (format!("watch: {}", status.message()), false),
+        Err(_) => return ("watch: no answer".into(), false),
+    };
+    let updates = p.metrics.signal_updates.get_or_create(&p.labels).clone();
+    let live = p
+        .metrics
+        .signal_stream_live
+        .get_or_create(&p.labels)
+        .clone();
+    let mut applied = Applied::default();
+    let mut spoke = false;
+    loop {
+        let update = match tokio::time::timeout(p.config.stale, stream.message()).await {
+            Err(_) => {
+                let ms = p.config.stale.as_millis();
+                return (format!("no update for {ms} ms"), spoke);
+            }
+            Ok(Err(status)) => return (format!("stream: {}", status.message()), spoke),
+            Ok(Ok(None)) => return ("the service ended the stream".into(), spoke),
+            Ok(Ok(Some(u))) => u,
+        };
+        // Dated on arrival: an age is relative to when the message was written.
+        let arrived = Instant::now();
+        if !spoke && !update.full {
+            return ("the stream did not begin with a snapshot".into(), false);
+        }
+        spoke = true;
+        applied.apply(&update, arrived, p);
+        updates.inc();
+        if update.full && *tx.borrow() != Source::Service {
+            tracing::info!(pool = %p.labels.pool, addr = %p.config.addr, "reading engines through the signal service");
+            live.set(1);
+            p.table
+                .record_signal_source(&p.destination, Source::Service);
+            tx.send_replace(Source::Service);
+        }
+    }
+}
+
+/// The read of each address applied last, so that a reading re-sent with only its failure count
+/// changed is not taken for a new read.
+#[derive(Debug, Default)]
+struct Applied {
+    seq: HashMap<String, u64>,
+}
+
+impl Applied {
+    fn apply(&mut self, update: &api::SignalsUpdate, arrived: Instant, p: &PoolParams) {
+        if update.full {
+            self.seq.clear();
+        }
+        for addr in &update.removed {
+            self.seq.remove(addr);
+        }
+        let clock = p.router.clock();
+        for r in &update.readings {
+            let Ok(addr) = r.addr.parse::<SocketAddr>() else {
+                continue;
+            };
+            if self.seq.get(&r.addr) == Some(&r.read_seq) {
+                continue;
+            }
+            let id = EndpointId::from(addr.to_string());
+            // Only this pool's endpoints as this proxy's policy knows them.
+            if p.table
+                .info(&id)
+                .is_none_or(|e| e.destination != p.destination)
+            {
+                continue;
+            }
+            self.seq.insert(r.addr.clone(), r.read_seq);
+            let read_at = arrived
+                .checked_sub(Duration::from_millis(r.age_ms))
+                .unwrap_or(arrived);
+            p.router
+                .observe_scrape(&id, &scrape_of(r), clock.time_of(read_at));
+        }
+    }
+}
+
+/// A reading as the router's scrape (the service already rounded and filtered it as the proxy's
+/// own scrapes are, `VllmMetrics::to_scrape`).
+pub fn scrape_of(r: &api::EndpointReading) -> Scrape {
+    Scrape {
+        num_requests_waiting: r.num_requests_waiting,
+        num_requests_running: r.num_requests_running,
+        kv_cache_usage: r.kv_cache_usage.filter(|v| v.is_finite()),
+        cache_config: r
+            .cache_config
+            .filter(|c| c.block_size_tokens > 0)
+            .map(|c| CacheConfig {
+                block_size_tokens: c.block_size_tokens,
+                num_gpu_blocks: c.num_gpu_blocks,
+            }),
+        prefix_cache: r.prefix_cache.map(|c| PrefixCacheCounters {
+            queries_tokens: c.queries_tokens,
+            hits_tokens: c.hits_tokens,
+            prompt_tokens: c.prompt_tokens,
+        }),
+        server_load: r.server_load,
+        generation_tokens: r.generation_tokens,
+    }
+}
+
+#[cfg(test)]
+mod tests;
