@@ -70,6 +70,14 @@ pub struct PoolLabels {
     pub model: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NoticeLabels {
+    pub pool: String,
+    pub model: String,
+    /// `sent`, `dropped`, `applied` or `lost`.
+    pub result: &'static str,
+}
+
 /// One endpoint of a pool.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabels {
@@ -320,6 +328,8 @@ pub struct SignalMetrics {
     pub signal_updates: Family<PoolLabels, Counter>,
     /// 1 while a pool's readings come from the signal service, 0 while it reads the engines.
     pub signal_stream_live: Family<PoolLabels, Gauge>,
+    /// Notices: this proxy's own `sent` or `dropped`, others' `applied` or `lost` (to slowness).
+    pub signal_notices: Family<NoticeLabels, Counter>,
     pub kv_event_batches: Family<PoolLabels, Counter>,
     pub kv_event_errors: Family<KvErrorLabels, Counter>,
 }
@@ -485,6 +495,12 @@ impl Metrics {
             "Signal-service messages applied",
             Family::default(),
         );
+        let signal_notices = registered(
+            &mut r,
+            "signal_notices",
+            "Request notices through the signal service: own sent or dropped, others' applied or lost",
+            Family::default(),
+        );
         let signal_stream_live = registered(
             &mut r,
             "signal_stream_live",
@@ -647,6 +663,7 @@ impl Metrics {
                 signal_fallbacks,
                 signal_updates,
                 signal_stream_live,
+                signal_notices,
                 kv_event_batches,
                 kv_event_errors,
             },

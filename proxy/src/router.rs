@@ -21,8 +21,8 @@ use kinference_decision::{
     explain::{Explain, Live},
 };
 use kinference_routing::{
-    Decision, DispatchHandle, EndpointId, EndpointMeta, KvEvent, ModelName, PromptBlocks, Router,
-    RouterConfig, Scrape, Time,
+    Decision, DispatchHandle, EndpointId, EndpointMeta, KvEvent, ModelName, Notice, PromptBlocks,
+    Router, RouterConfig, Scrape, Time,
 };
 use parking_lot::Mutex;
 use rand::{SeedableRng, rngs::SmallRng};
@@ -66,7 +66,14 @@ struct State {
     prior_tpot: HashMap<ModelName, f64>,
     /// Non-stream responses whose estimated first token fed the predictor, per endpoint.
     estimated_first_tokens: HashMap<EndpointId, u64>,
+    /// Where this proxy's own dispatches, first tokens and completions are told, with a signal
+    /// service (`crate::signals::service`): never waited on, a full tap drops the notice.
+    notices: Option<tokio::sync::mpsc::Sender<OwnNotice>>,
 }
+
+/// One of this proxy's own notices, for the signal service: the endpoint, the notice, and when
+/// it was taken (a completion carries no time of its own).
+pub type OwnNotice = (EndpointId, Notice, Time);
 
 /// What the endpoints view shows of one endpoint beyond the router's own accessors.
 #[derive(Clone, Debug, Default)]
@@ -94,6 +101,7 @@ impl RouterHandle {
                 tpot: HashMap::new(),
                 prior_tpot: HashMap::new(),
                 estimated_first_tokens: HashMap::new(),
+                notices: None,
             })),
             clock,
         }
@@ -101,6 +109,17 @@ impl RouterHandle {
 
     pub fn clock(&self) -> Clock {
         self.clock
+    }
+
+    /// Sends this router's own notices to `tap` from now on.
+    pub fn tap_notices(&self, tap: tokio::sync::mpsc::Sender<OwnNotice>) {
+        self.inner.lock().notices = Some(tap);
+    }
+
+    /// Applies another proxy's notice on `id` (an unknown endpoint is ignored: it may have left
+    /// this proxy's policy first).
+    pub fn observe_notice(&self, id: &EndpointId, notice: Notice) {
+        let _ = self.inner.lock().router.observe_notice(id, notice);
     }
 
     /// The current time on the router's clock.
@@ -207,12 +226,23 @@ impl RouterHandle {
         let now = self.now();
         let mut st = self.inner.lock();
         // The router dispatches a decision's chosen candidate; a retry's is another.
-        if decision.chosen == Some(index) {
-            return st.router.dispatch(decision, blocks, now).ok();
+        let handle = if decision.chosen == Some(index) {
+            st.router.dispatch(decision, blocks, now).ok()
+        } else {
+            let mut d = decision.clone();
+            d.chosen = Some(index);
+            st.router.dispatch(&d, blocks, now).ok()
+        }?;
+        if let (Some(tap), Some(c)) = (&st.notices, decision.candidates.get(index)) {
+            let notice = Notice::predicted(
+                handle.request_id(),
+                now,
+                &c.prediction,
+                &st.router.config().predict,
+            );
+            let _ = tap.try_send((c.endpoint.clone(), notice, now));
         }
-        let mut d = decision.clone();
-        d.chosen = Some(index);
-        st.router.dispatch(&d, blocks, now).ok()
+        Some(handle)
     }
 
     /// Records the first token of a dispatched request; returns its TTFT. `streamed`: the token
@@ -229,7 +259,20 @@ impl RouterHandle {
         if streamed {
             let _ = st.router.observe_token(handle, at);
         }
-        st.router.first_token(handle, at).ok()
+        let endpoint = st
+            .notices
+            .is_some()
+            .then(|| st.router.endpoint_of(handle).cloned())
+            .flatten();
+        let ttft = st.router.first_token(handle, at).ok()?;
+        if let (Some(tap), Some(endpoint)) = (&st.notices, endpoint) {
+            let notice = Notice::FirstToken {
+                id: handle.request_id(),
+                at,
+            };
+            let _ = tap.try_send((endpoint, notice, at));
+        }
+        Some(ttft)
     }
 
     /// A streamed token of a dispatched request arrived at `at` (see
@@ -296,7 +339,20 @@ impl RouterHandle {
     /// seen) the endpoint's service time learns from it.
     pub fn complete(&self, handle: DispatchHandle) {
         let now = self.now();
-        let _ = self.inner.lock().router.complete_at(handle, now);
+        let mut st = self.inner.lock();
+        let endpoint = st
+            .notices
+            .is_some()
+            .then(|| st.router.endpoint_of(handle).cloned())
+            .flatten();
+        if st.router.complete_at(handle, now).is_ok()
+            && let (Some(tap), Some(endpoint)) = (&st.notices, endpoint)
+        {
+            let notice = Notice::Complete {
+                id: handle.request_id(),
+            };
+            let _ = tap.try_send((endpoint, notice, now));
+        }
     }
 
     /// A scrape of `id` made at `at`; a successful scrape also makes the endpoint routable again.
@@ -404,6 +460,58 @@ mod tests {
         let candidates = policy.candidates("glm-5.3", &tags, &workload).unwrap();
         let plan = r.decide(policy, candidates, &input);
         r.dispatch(&plan.decision, plan.order[0], &blocks).unwrap()
+    }
+
+    /// One proxy's dispatch, first token and completion, tapped and carried as the signal
+    /// service carries them (`wire_notice`, `notice_of`), move another proxy's prediction for
+    /// the same endpoint: up while the request queues, back once its prefill is done.
+    #[tokio::test(start_paused = true)]
+    async fn own_notices_are_tapped_and_move_another_proxys_prediction() {
+        use crate::signals::service::{notice_of, wire_notice};
+        let (a, id, policy) = one_endpoint();
+        let (b, _, _) = one_endpoint();
+        let (tap, mut rx) = tokio::sync::mpsc::channel(16);
+        a.tap_notices(tap);
+        let predicted = |r: &RouterHandle| {
+            let blocks = PromptBlocks::from_text(b"other", &Default::default());
+            let (tags, workload) = (kinference_classify::Tags::new(), Default::default());
+            let input = Input {
+                requested: "glm-5.3",
+                tags: &tags,
+                workload: &workload,
+                prompt_tokens: 500,
+                max_tokens: None,
+                prompt_blocks: &blocks,
+                block_hasher: None,
+                max_attempts: 3,
+            };
+            let candidates = policy.candidates("glm-5.3", &tags, &workload).unwrap();
+            r.decide(&policy, candidates, &input)
+                .decision
+                .predicted_ttft_s()
+                .unwrap()
+        };
+        let addr: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let relay = |rx: &mut tokio::sync::mpsc::Receiver<OwnNotice>| {
+            let (endpoint, notice, at) = rx.try_recv().expect("a tapped notice");
+            assert_eq!(endpoint, id);
+            let wire = wire_notice(&notice, "a", "p", addr, a.now().saturating_since(at));
+            b.observe_notice(&id, notice_of(&wire, b.now()).unwrap());
+        };
+        let idle = predicted(&b);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let h = dispatch(&a, &policy, 20_000);
+        relay(&mut rx);
+        let queued = predicted(&b);
+        assert!(queued > idle + 0.1, "{queued} against {idle}");
+        tokio::time::advance(Duration::from_millis(500)).await;
+        a.first_token(h, Instant::now(), true).unwrap();
+        relay(&mut rx);
+        a.complete(h);
+        relay(&mut rx);
+        assert!(rx.try_recv().is_err(), "three notices, no more");
+        let after = predicted(&b);
+        assert!(after < queued, "{after} against {queued}");
     }
 
     #[tokio::test(start_paused = true)]

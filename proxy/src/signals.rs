@@ -71,6 +71,20 @@ pub fn spawn(
         let mut tasks: HashMap<EndpointId, (EndpointInfo, Tasks)> = HashMap::new();
         let mut pools: HashMap<(String, kinference_proxy_signals::Engine), service::PoolStream> =
             HashMap::new();
+        // With a service, this target's name in notices, and the task that sends its own.
+        let sender = format!("{:016x}", rand::random::<u64>());
+        let _notifier = config.service.as_ref().map(|service| {
+            let (tap, rx) = tokio::sync::mpsc::channel(service::NOTICE_TAP);
+            router.tap_notices(tap);
+            Aborting(service::spawn_notifier(
+                service.clone(),
+                sender.clone(),
+                endpoints.clone(),
+                router.clone(),
+                metrics.clone(),
+                rx,
+            ))
+        });
         loop {
             let current = rx.borrow_and_update().clone();
             tasks.retain(|id, (info, task)| {
@@ -101,6 +115,7 @@ pub fn spawn(
                                 table: endpoints.clone(),
                                 router: router.clone(),
                                 metrics: metrics.clone(),
+                                sender: sender.clone(),
                             })
                         });
                 }
@@ -146,6 +161,16 @@ pub fn spawn(
             }
         }
     })
+}
+
+/// A task aborted when dropped.
+#[derive(Debug)]
+struct Aborting(JoinHandle<()>);
+
+impl Drop for Aborting {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The signal tasks of one endpoint.

@@ -80,6 +80,7 @@ pub fn next(
         full,
         readings,
         removed,
+        ..Default::default()
     })
 }
 

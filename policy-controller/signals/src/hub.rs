@@ -12,6 +12,7 @@ use crate::{
     probe::Probe,
 };
 use kinference_policy_core::{DiscoverEndpoints, PoolEndpoints, PoolRef};
+use kinference_proxy_api::signals as api;
 use kinference_proxy_signals::Engine;
 use parking_lot::Mutex;
 use std::{
@@ -20,7 +21,11 @@ use std::{
     sync::{Arc, Weak},
     time::Duration,
 };
-use tokio::{sync::watch, task::JoinHandle, time::Instant};
+use tokio::{
+    sync::{broadcast, watch},
+    task::JoinHandle,
+    time::Instant,
+};
 
 /// How the hub reads engines.
 #[derive(Clone, Copy, Debug)]
@@ -63,12 +68,20 @@ struct Inner<D, P> {
     pools: Mutex<HashMap<PoolRef, Weak<Pool>>>,
 }
 
-/// A watched pool: its state and the task that reads it.
+/// How many notices a pool holds for its slowest watcher before that watcher loses the oldest.
+const NOTICE_BACKLOG: usize = 4096;
+
+/// A watched pool: its state, the task that reads it, and the sidecars' notices on it.
 #[derive(Debug)]
 struct Pool {
     state: watch::Receiver<PoolState>,
     task: JoinHandle<()>,
+    notices: broadcast::Sender<Relayed>,
 }
+
+/// A notice as the hub holds it: with when it arrived, so each stream adds the time it waited to
+/// the notice's age.
+pub type Relayed = (Instant, Arc<api::Notice>);
 
 impl Drop for Pool {
     fn drop(&mut self) {
@@ -80,6 +93,9 @@ impl Drop for Pool {
 #[derive(Debug)]
 pub struct Subscription {
     pub state: watch::Receiver<PoolState>,
+    /// Every notice sent on the pool while subscribed (a ring: a watcher that lags loses the
+    /// oldest, and is told how many).
+    pub notices: broadcast::Receiver<Relayed>,
     _pool: Arc<Pool>,
     watchers: prometheus_client::metrics::gauge::Gauge,
 }
@@ -130,7 +146,11 @@ where
                     self.inner.metrics.clone(),
                     label(pool),
                 ));
-                let p = Arc::new(Pool { state: rx, task });
+                let p = Arc::new(Pool {
+                    state: rx,
+                    task,
+                    notices: broadcast::channel(NOTICE_BACKLOG).0,
+                });
                 pools.insert(pool.clone(), Arc::downgrade(&p));
                 p
             }
@@ -144,9 +164,21 @@ where
         watchers.inc();
         Some(Subscription {
             state: shared.state.clone(),
+            notices: shared.notices.subscribe(),
             _pool: shared,
             watchers,
         })
+    }
+
+    /// Relays a sidecar's notice to every watcher of its pool; whether the pool is watched (a
+    /// notice on a pool nobody watches has nobody to tell, and is dropped).
+    pub fn notify(&self, pool: &PoolRef, notice: Arc<api::Notice>) -> bool {
+        let shared = self.inner.pools.lock().get(pool).and_then(Weak::upgrade);
+        shared.is_some_and(|p| p.notices.send((Instant::now(), notice)).is_ok())
+    }
+
+    pub fn metrics(&self) -> &SignalsMetrics {
+        &self.inner.metrics
     }
 
     /// The pools with scrape loops running.

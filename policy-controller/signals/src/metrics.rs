@@ -1,7 +1,8 @@
 //! The service's Prometheus metrics: who watches each pool, and how often each engine is read.
 //!
 //! The point of the service is that an engine's scrape count stops growing with the mesh; these
-//! two families are what shows it from the controller's side.
+//! two families are what shows it from the controller's side. The notice families show the relay
+//! of sidecars' requests to each other, and what slow watchers lost of it.
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -24,10 +25,20 @@ pub struct ScrapeLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NoticeLabels {
+    pub pool: String,
+    /// `relayed`, `unwatched` (nobody watches the pool) or `invalid` (not a pool path).
+    pub result: &'static str,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct SignalsMetrics {
     pub watchers: Family<PoolLabels, Gauge>,
     pub scrapes: Family<ScrapeLabels, Counter>,
+    pub notices: Family<NoticeLabels, Counter>,
+    /// Notices a watcher lost because it read too slowly.
+    pub notices_lost: Family<PoolLabels, Counter>,
 }
 
 impl SignalsMetrics {
@@ -43,6 +54,16 @@ impl SignalsMetrics {
             "signals_scrapes",
             "Engine scrapes made by the signal service, by pool, endpoint and result",
             m.scrapes.clone(),
+        );
+        registry.register(
+            "signals_notices",
+            "Sidecars' notices received, by pool and what became of them",
+            m.notices.clone(),
+        );
+        registry.register(
+            "signals_notices_lost",
+            "Notices a watcher lost because it read too slowly, by pool",
+            m.notices_lost.clone(),
         );
         m
     }

@@ -7,6 +7,7 @@
 use crate::{
     delta,
     hub::{Hub, Subscription},
+    metrics::{NoticeLabels, PoolLabels},
     probe::Probe,
 };
 use futures::stream;
@@ -16,8 +17,9 @@ use kinference_proxy_api::signals::{
     engine_signals_server::{EngineSignals, EngineSignalsServer},
 };
 use kinference_proxy_signals::Engine;
-use std::{net::SocketAddr, pin::Pin, time::Duration};
+use std::{collections::HashMap, net::SocketAddr, pin::Pin, sync::Arc, time::Duration};
 use tokio::net::TcpListener;
+use tokio::sync::broadcast;
 use tokio_stream::Stream;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
@@ -99,40 +101,131 @@ where
             .hub
             .subscribe(&pool, engine)
             .ok_or_else(|| tonic::Status::not_found(target.path.clone()))?;
+        let lost = self
+            .hub
+            .metrics()
+            .notices_lost
+            .get_or_create(&PoolLabels {
+                pool: format!("{}/{}", pool.namespace, pool.name),
+            })
+            .clone();
         Ok(tonic::Response::new(updates(
             sub,
             self.hub.config().refresh,
+            lost,
         )))
+    }
+
+    async fn notify(
+        &self,
+        req: tonic::Request<tonic::Streaming<api::NoticeBatch>>,
+    ) -> Result<tonic::Response<api::NotifyAck>, tonic::Status> {
+        let mut stream = req.into_inner();
+        let metrics = self.hub.metrics().clone();
+        let mut pools: HashMap<String, Option<PoolRef>> = HashMap::new();
+        while let Some(batch) = stream.message().await? {
+            for n in batch.notices {
+                let pool = pools
+                    .entry(n.path.clone())
+                    .or_insert_with(|| PoolRef::from_destination_path(&n.path))
+                    .clone();
+                let (label, result) = match pool {
+                    None => (String::new(), "invalid"),
+                    Some(pool) => {
+                        let label = format!("{}/{}", pool.namespace, pool.name);
+                        if self.hub.notify(&pool, Arc::new(n)) {
+                            (label, "relayed")
+                        } else {
+                            (label, "unwatched")
+                        }
+                    }
+                };
+                metrics
+                    .notices
+                    .get_or_create(&NoticeLabels {
+                        pool: label,
+                        result,
+                    })
+                    .inc();
+            }
+        }
+        Ok(tonic::Response::new(api::NotifyAck {}))
     }
 }
 
-/// The stream of one subscription: the snapshot, then numbered deltas. A stream with nothing new
-/// for `refresh` sends an empty delta, so a sidecar tells a quiet pool (no endpoints, or engines
-/// that stopped answering) from a dead stream by silence alone.
-pub fn updates(sub: Subscription, refresh: Duration) -> BoxStream<api::SignalsUpdate> {
+/// The most notices one message carries.
+const MAX_NOTICES_PER_MESSAGE: usize = 512;
+
+/// The stream of one subscription: the snapshot, then numbered deltas with the sidecars' notices
+/// since the last message. A stream with nothing new for `refresh` sends an empty delta, so a
+/// sidecar tells a quiet pool (no endpoints, or engines that stopped answering) from a dead
+/// stream by silence alone.
+pub fn updates(
+    sub: Subscription,
+    refresh: Duration,
+    lost: prometheus_client::metrics::counter::Counter,
+) -> BoxStream<api::SignalsUpdate> {
     let heartbeat = refresh.max(Duration::from_millis(10));
     let s = stream::unfold(
         (sub, None::<delta::Sent>, 0u64, tokio::time::Instant::now()),
-        move |(mut sub, mut sent, mut version, mut last)| async move {
-            loop {
-                let mut msg = None;
-                if sent.is_some() {
-                    match tokio::time::timeout_at(last + heartbeat, sub.state.changed()).await {
-                        Ok(Err(_)) => return None,
-                        Ok(Ok(())) => {}
-                        Err(_) => msg = Some(api::SignalsUpdate::default()),
+        move |(mut sub, mut sent, mut version, mut last)| {
+            let lost = lost.clone();
+            async move {
+                loop {
+                    let mut msg = None;
+                    let mut notices = Vec::new();
+                    let mut notices_lost = 0u64;
+                    if sent.is_some() {
+                        tokio::select! {
+                            biased;
+                            n = sub.notices.recv() => match n {
+                                Ok(n) => notices.push(n),
+                                Err(broadcast::error::RecvError::Lagged(k)) => notices_lost += k,
+                                Err(broadcast::error::RecvError::Closed) => return None,
+                            },
+                            changed = tokio::time::timeout_at(last + heartbeat, sub.state.changed()) => {
+                                match changed {
+                                    Ok(Err(_)) => return None,
+                                    Ok(Ok(())) => {}
+                                    Err(_) => msg = Some(api::SignalsUpdate::default()),
+                                }
+                            }
+                        }
+                        while notices.len() < MAX_NOTICES_PER_MESSAGE {
+                            match sub.notices.try_recv() {
+                                Ok(n) => notices.push(n),
+                                Err(broadcast::error::TryRecvError::Lagged(k)) => notices_lost += k,
+                                Err(_) => break,
+                            }
+                        }
                     }
-                }
-                let now = tokio::time::Instant::now();
-                if msg.is_none() {
-                    let state = sub.state.borrow_and_update();
-                    msg = delta::next(&mut sent, &state, now, refresh);
-                }
-                if let Some(mut msg) = msg {
-                    version += 1;
-                    msg.version = version;
-                    last = now;
-                    return Some((Ok(msg), (sub, sent, version, last)));
+                    let now = tokio::time::Instant::now();
+                    if msg.is_none() {
+                        let state = sub.state.borrow_and_update();
+                        msg = delta::next(&mut sent, &state, now, refresh);
+                    }
+                    if msg.is_none() && (!notices.is_empty() || notices_lost > 0) {
+                        msg = Some(api::SignalsUpdate::default());
+                    }
+                    if let Some(mut msg) = msg {
+                        version += 1;
+                        msg.version = version;
+                        msg.notices = notices
+                            .into_iter()
+                            .map(|(arrived, n)| {
+                                let mut n = (*n).clone();
+                                let held = now.saturating_duration_since(arrived).as_micros();
+                                n.age_us = n
+                                    .age_us
+                                    .saturating_add(u64::try_from(held).unwrap_or(u64::MAX));
+                                n
+                            })
+                            .collect();
+                        msg.notices_lost = notices_lost;
+                        lost.inc_by(notices_lost);
+                        last = now;
+                        return Some((Ok(msg), (sub, sent, version, last)));
+                    }
                 }
             }
         },
@@ -161,7 +254,7 @@ mod tests {
         let sub = hub.subscribe(&index.pool, Engine::Vllm).unwrap();
         // Let the loops read once.
         tokio::time::sleep(Duration::from_millis(10)).await;
-        let mut s = updates(sub, hub.config().refresh);
+        let mut s = updates(sub, hub.config().refresh, Default::default());
         let first = s.next().await.unwrap().unwrap();
         assert_eq!((first.version, first.full), (1, true));
         assert_eq!(first.readings.len(), 2);
@@ -199,7 +292,7 @@ mod tests {
         );
         let refresh = hub.config().refresh;
         let sub = hub.subscribe(&index.pool, Engine::Vllm).unwrap();
-        let mut s = updates(sub, refresh);
+        let mut s = updates(sub, refresh, Default::default());
         let first = s.next().await.unwrap().unwrap();
         assert!(first.full && first.readings.is_empty());
         let started = tokio::time::Instant::now();
@@ -216,6 +309,89 @@ mod tests {
         }
         assert!(seqs.windows(2).all(|w| w[1] > w[0]), "{seqs:?}");
         assert_eq!(seqs[0], 1);
+    }
+
+    /// A sidecar's notices reach every watcher of their pool over real sockets, aged by the time
+    /// they waited; a notice on a pool nobody watches, or on no pool, is counted and dropped.
+    #[tokio::test]
+    async fn notices_are_relayed_to_the_pools_watchers() {
+        use kinference_proxy_api::signals::engine_signals_client::EngineSignalsClient;
+        let index = FakeIndex::new(&[1]);
+        let metrics = SignalsMetrics::default();
+        let hub = Hub::new(
+            index.clone(),
+            CountingProbe::default(),
+            HubConfig::default(),
+            metrics.clone(),
+        );
+        let (addr, serve) = SignalsServer::new(hub)
+            .bind("127.0.0.1:0".parse().unwrap(), std::future::pending())
+            .await
+            .unwrap();
+        tokio::spawn(serve);
+        let mut client = EngineSignalsClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let path = "glm.default.inferencepool.kinference.io";
+        let mut watch = client
+            .watch(api::SignalsTarget {
+                path: path.into(),
+                engine: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(watch.message().await.unwrap().unwrap().full);
+        let notice = |path: &str, id| api::Notice {
+            path: path.into(),
+            addr: "127.0.0.1:1".into(),
+            sender: "a".into(),
+            request_id: id,
+            age_us: 1_000,
+            event: Some(api::notice::Event::Dispatch(api::Dispatch {
+                prompt_tokens: 900,
+                uncached_tokens: 800,
+                prediction: None,
+            })),
+        };
+        let batch = api::NoticeBatch {
+            notices: vec![
+                notice(path, 1),
+                notice(path, 2),
+                notice("other.default.inferencepool.kinference.io", 3),
+                notice("nope", 4),
+            ],
+        };
+        client
+            .notify(tokio_stream::iter([batch]))
+            .await
+            .expect("the service takes the batch");
+        let mut relayed = Vec::new();
+        while relayed.len() < 2 {
+            let m = tokio::time::timeout(Duration::from_secs(5), watch.message())
+                .await
+                .expect("the notices come")
+                .unwrap()
+                .unwrap();
+            relayed.extend(m.notices);
+        }
+        assert_eq!(
+            relayed.iter().map(|n| n.request_id).collect::<Vec<_>>(),
+            [1, 2]
+        );
+        assert!(relayed.iter().all(|n| n.age_us >= 1_000 && n.sender == "a"));
+        let count = |pool: &str, result| {
+            metrics
+                .notices
+                .get_or_create(&NoticeLabels {
+                    pool: pool.into(),
+                    result,
+                })
+                .get()
+        };
+        assert_eq!(count("default/glm", "relayed"), 2);
+        assert_eq!(count("default/other", "unwatched"), 1);
+        assert_eq!(count("", "invalid"), 1);
     }
 
     #[tokio::test]

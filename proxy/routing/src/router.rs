@@ -119,6 +119,13 @@ pub struct DispatchHandle {
     request_id: u64,
 }
 
+impl DispatchHandle {
+    /// The request's id in this router's ledger (what this proxy's notices name it by).
+    pub fn request_id(&self) -> u64 {
+        self.request_id
+    }
+}
+
 /// How long another proxy's request stays on record without its completion notice.
 pub const NOTICE_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 
@@ -926,6 +933,15 @@ impl Router {
             .state
             .as_mut()
             .ok_or_else(|| RouterError::UnknownEndpoint(id.clone()))
+    }
+
+    /// The endpoint a dispatched request went to, while it is still in the router.
+    pub fn endpoint_of(&self, h: DispatchHandle) -> Option<&EndpointId> {
+        let s = self.slots.get(h.slot as usize)?;
+        (s.generation == h.generation)
+            .then_some(s.state.as_ref())
+            .flatten()
+            .map(|st| &st.meta.id)
     }
 
     fn handle_state(&mut self, h: DispatchHandle) -> Result<&mut EndpointState, RouterError> {

@@ -7,6 +7,12 @@
 //! on this proxy's clock by the age the message carries. The endpoint scrapers then only read
 //! what the service does not carry (the context window, rarely).
 //!
+//! The stream also carries the other sidecars' notices (their dispatches, first tokens and
+//! completions on the pool's endpoints, relayed by the service), which the router adds to its
+//! endpoints' queues ([`kinference_routing::Router::observe_notice`]); [`spawn_notifier`] sends
+//! this proxy's own. A lost notice costs accuracy, never a request: notices are dropped rather
+//! than waited for, and a foreign request whose completion never comes ages out.
+//!
 //! The stream is trusted only while it speaks: the service sends at least every refresh interval
 //! (an empty delta when nothing changed), so a stream silent for `stale`, a failed connection or
 //! an ended stream all turn the pool to direct reads at `fallback_interval`, counted in
@@ -15,16 +21,17 @@
 
 use crate::{
     endpoints::EndpointTable,
-    metrics::{PoolLabels, SignalMetrics},
-    router::RouterHandle,
+    metrics::{NoticeLabels, PoolLabels, SignalMetrics},
+    router::{OwnNotice, RouterHandle},
 };
 use kinference_proxy_api::signals::{
     self as api, SignalsTarget, engine_signals_client::EngineSignalsClient,
 };
 use kinference_proxy_signals::Engine;
 use kinference_routing::{
-    EndpointId, Scrape,
+    EndpointId, Notice, Scrape,
     endpoint::{CacheConfig, PrefixCacheCounters},
+    inflight::InFlightRequest,
 };
 use std::{collections::HashMap, net::SocketAddr, time::Duration};
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
@@ -44,6 +51,13 @@ pub struct ServiceConfig {
     pub fallback_interval: Duration,
     pub connect_timeout: Duration,
 }
+
+/// The capacity of a target's notice tap: notices beyond it (the service away, or slower than
+/// the request rate) are dropped, not waited for.
+pub const NOTICE_TAP: usize = 4096;
+
+/// The most notices sent in one batch.
+const NOTICE_BATCH: usize = 256;
 
 /// Where a pool's readings come from now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,6 +118,8 @@ pub struct PoolParams {
     pub table: EndpointTable,
     pub router: RouterHandle,
     pub metrics: SignalMetrics,
+    /// This target's name in notices: its own are skipped when the stream relays them back.
+    pub sender: String,
 }
 
 /// Starts following the pool's readings at the service.
@@ -201,6 +217,7 @@ async fn stream_once(
         }
         spoke = true;
         applied.apply(&update, arrived, p);
+        apply_notices(&update, arrived, p);
         updates.inc();
         if update.full && *tx.borrow() != Source::Service {
             tracing::info!(pool = %p.labels.pool, addr = %p.config.addr, "reading engines through the signal service");
@@ -250,6 +267,227 @@ impl Applied {
             p.router
                 .observe_scrape(&id, &scrape_of(r), clock.time_of(read_at));
         }
+    }
+}
+
+/// Applies the other sidecars' notices in `update` to the router.
+fn apply_notices(update: &api::SignalsUpdate, arrived: Instant, p: &PoolParams) {
+    if update.notices_lost > 0 {
+        p.metrics
+            .signal_notices
+            .get_or_create(&NoticeLabels {
+                pool: p.labels.pool.clone(),
+                model: p.labels.model.clone(),
+                result: "lost",
+            })
+            .inc_by(update.notices_lost);
+    }
+    if update.notices.is_empty() {
+        return;
+    }
+    let clock = p.router.clock();
+    let mut applied = 0;
+    for n in &update.notices {
+        if n.sender == p.sender || n.path != p.destination {
+            continue;
+        }
+        let Ok(addr) = n.addr.parse::<SocketAddr>() else {
+            continue;
+        };
+        let id = EndpointId::from(addr.to_string());
+        let at = clock.time_of(
+            arrived
+                .checked_sub(Duration::from_micros(n.age_us))
+                .unwrap_or(arrived),
+        );
+        if let Some(notice) = notice_of(n, at) {
+            p.router.observe_notice(&id, notice);
+            applied += 1;
+        }
+    }
+    p.metrics
+        .signal_notices
+        .get_or_create(&NoticeLabels {
+            pool: p.labels.pool.clone(),
+            model: p.labels.model.clone(),
+            result: "applied",
+        })
+        .inc_by(applied);
+}
+
+/// Another sidecar's notice as the router's, dated `at` on this proxy's clock; its request keyed
+/// by (sender, id), so two senders' ids never collide in the foreign ledger.
+pub fn notice_of(n: &api::Notice, at: kinference_routing::Time) -> Option<Notice> {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (&n.sender, n.request_id).hash(&mut h);
+    let id = h.finish();
+    Some(match n.event.as_ref()? {
+        api::notice::Event::Dispatch(d) => match &d.prediction {
+            None => Notice::dispatch(id, at, d.prompt_tokens, d.uncached_tokens),
+            Some(p) => Notice::Dispatch(InFlightRequest {
+                id,
+                dispatched_at: at,
+                prompt_tokens: d.prompt_tokens,
+                uncached_tokens: d.uncached_tokens,
+                first_token_at: None,
+                last_token_at: None,
+                predicted_non_prefill_s: finite(p.non_prefill_s, 0.0),
+                kv_pressure_factor: finite(p.kv_pressure_factor, 1.0),
+                predicted_raw_ttft_s: finite(p.raw_ttft_s, 0.0),
+                predicted_wait_s: finite(p.wait_s, 0.0),
+                teaches_rate: p.teaches_rate,
+                prefill_expected_at: at + Duration::from_micros(p.prefill_expected_after_us),
+            }),
+        },
+        api::notice::Event::FirstToken(_) => Notice::FirstToken { id, at },
+        api::notice::Event::Complete(_) => Notice::Complete { id },
+    })
+}
+
+fn finite(v: f64, or: f64) -> f64 {
+    if v.is_finite() { v } else { or }
+}
+
+/// This proxy's own notice as the wire's, `age` after its event.
+pub fn wire_notice(
+    notice: &Notice,
+    sender: &str,
+    path: &str,
+    addr: SocketAddr,
+    age: Duration,
+) -> api::Notice {
+    let (request_id, event) = match notice {
+        Notice::Dispatch(r) => (
+            r.id,
+            api::notice::Event::Dispatch(api::Dispatch {
+                prompt_tokens: r.prompt_tokens,
+                uncached_tokens: r.uncached_tokens,
+                prediction: Some(api::SenderPrediction {
+                    raw_ttft_s: r.predicted_raw_ttft_s,
+                    wait_s: r.predicted_wait_s,
+                    non_prefill_s: r.predicted_non_prefill_s,
+                    kv_pressure_factor: r.kv_pressure_factor,
+                    teaches_rate: r.teaches_rate,
+                    prefill_expected_after_us: u64::try_from(
+                        r.prefill_expected_at
+                            .saturating_since(r.dispatched_at)
+                            .as_micros(),
+                    )
+                    .unwrap_or(u64::MAX),
+                }),
+            }),
+        ),
+        Notice::FirstToken { id, .. } => (*id, api::notice::Event::FirstToken(api::FirstToken {})),
+        Notice::Complete { id } => (*id, api::notice::Event::Complete(api::Complete {})),
+    };
+    api::Notice {
+        path: path.to_string(),
+        addr: addr.to_string(),
+        sender: sender.to_string(),
+        request_id,
+        age_us: u64::try_from(age.as_micros()).unwrap_or(u64::MAX),
+        event: Some(event),
+    }
+}
+
+/// Sends this target's own notices (from its router's tap) to the service until aborted,
+/// reconnecting with backoff; what arrives while it is away is dropped and counted.
+pub fn spawn_notifier(
+    config: ServiceConfig,
+    sender: String,
+    table: EndpointTable,
+    router: RouterHandle,
+    metrics: SignalMetrics,
+    mut tap: tokio::sync::mpsc::Receiver<OwnNotice>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let endpoint = tonic::transport::Endpoint::from(config.addr.clone())
+            .connect_timeout(config.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(config.stale)
+            .keep_alive_timeout(config.stale);
+        let count = |labels: &PoolLabels, result: &'static str, n: u64| {
+            metrics
+                .signal_notices
+                .get_or_create(&NoticeLabels {
+                    pool: labels.pool.clone(),
+                    model: labels.model.clone(),
+                    result,
+                })
+                .inc_by(n);
+        };
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            let (tx, rx) = tokio::sync::mpsc::channel::<api::NoticeBatch>(16);
+            let call = match endpoint.connect().await {
+                Ok(channel) => Some(tokio::spawn(async move {
+                    EngineSignalsClient::new(channel)
+                        .notify(tokio_stream::wrappers::ReceiverStream::new(rx))
+                        .await
+                })),
+                Err(e) => {
+                    tracing::debug!(error = %e, "signal service: notices not sent");
+                    None
+                }
+            };
+            let Some(mut call) = call else {
+                // Away: drop what is tapped meanwhile rather than let the tap fill.
+                let until = Instant::now() + backoff;
+                while let Ok(Some(n)) = tokio::time::timeout_at(until, tap.recv()).await {
+                    if let Some(e) = table.info(&n.0) {
+                        count(&labels_of(&e), "dropped", 1);
+                    }
+                }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            };
+            backoff = BACKOFF_MIN;
+            loop {
+                let first = tokio::select! {
+                    n = tap.recv() => match n {
+                        Some(n) => n,
+                        None => return,
+                    },
+                    _ = &mut call => break,
+                };
+                let mut batch = vec![first];
+                while batch.len() < NOTICE_BATCH {
+                    match tap.try_recv() {
+                        Ok(n) => batch.push(n),
+                        Err(_) => break,
+                    }
+                }
+                let now = router.now();
+                let mut by_pool: HashMap<PoolLabels, u64> = HashMap::new();
+                let notices: Vec<api::Notice> = batch
+                    .iter()
+                    .filter_map(|(id, notice, at)| {
+                        let e = table.info(id)?;
+                        *by_pool.entry(labels_of(&e)).or_default() += 1;
+                        Some(wire_notice(
+                            notice,
+                            &sender,
+                            &e.destination,
+                            e.addr,
+                            now.saturating_since(*at),
+                        ))
+                    })
+                    .collect();
+                let sent = tx.try_send(api::NoticeBatch { notices }).is_ok();
+                for (labels, n) in &by_pool {
+                    count(labels, if sent { "sent" } else { "dropped" }, *n);
+                }
+            }
+            tracing::debug!("signal service: the notice stream ended");
+        }
+    })
+}
+
+fn labels_of(e: &crate::endpoints::EndpointInfo) -> PoolLabels {
+    PoolLabels {
+        pool: e.pool.clone(),
+        model: e.model.clone(),
     }
 }
 

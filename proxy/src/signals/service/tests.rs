@@ -77,7 +77,7 @@ impl EngineSignals for Fake {
                         read_seq: version,
                         ..Default::default()
                     }],
-                    removed: Vec::new(),
+                    ..Default::default()
                 };
                 if tx.send(Ok(update)).await.is_err() {
                     return;
@@ -88,6 +88,13 @@ impl EngineSignals for Fake {
         Ok(tonic::Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+
+    async fn notify(
+        &self,
+        _: tonic::Request<tonic::Streaming<api::NoticeBatch>>,
+    ) -> Result<tonic::Response<api::NotifyAck>, tonic::Status> {
+        Err(tonic::Status::unimplemented("the fake relays no notices"))
     }
 }
 
