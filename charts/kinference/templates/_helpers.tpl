@@ -44,6 +44,13 @@ kinference-policy-controller
 {{- end }}
 
 {{/*
+The engine-signals service's address the proxies dial (signals.enabled): the controller's Service.
+*/}}
+{{- define "kinference.signalsAddr" -}}
+{{ printf "http://%s.%s.svc.%s:%v" (include "kinference.controller.name" .) .Release.Namespace .Values.clusterDomain .Values.signals.port }}
+{{- end }}
+
+{{/*
 The webhooks' serving certificate, as YAML with base64 `crt`, `key` and `ca`. With `auto`, an
 existing Secret is kept (so upgrades do not rotate the CA under running webhooks); otherwise a CA and
 a serving certificate are generated. Called once per render: the Secret and both webhook

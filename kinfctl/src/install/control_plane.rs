@@ -296,10 +296,18 @@ impl Context<'_> {
         )
     }
 
+    /// The engine-signals service's address, as the chart's `kinference.signalsAddr`.
+    fn signals_addr(&self) -> String {
+        format!(
+            "http://{CONTROLLER}.{}.svc.{}:{}",
+            self.ns, self.v.cluster_domain, self.v.signals.port
+        )
+    }
+
     /// The proxy defaults as compact JSON with sorted keys: what the chart's `toJson` writes.
     fn proxy_config_json(&self) -> String {
         let (p, init, app) = (&self.v.proxy, &self.v.proxy_init, &self.v.app_version);
-        let config = json!({
+        let mut config = json!({
             "controllerAddr": self.controller_addr(),
             "image": p.image.reference(app),
             "imagePullPolicy": p.image.pull_policy,
@@ -314,6 +322,9 @@ impl Context<'_> {
             "targetIdleTimeout": p.target_idle_timeout,
             "uid": p.uid,
         });
+        if self.v.signals.enabled {
+            config["signalsAddr"] = json!(self.signals_addr());
+        }
         sorted(config).to_string()
     }
 
@@ -344,11 +355,19 @@ impl Context<'_> {
             spec: Some(ServiceSpec {
                 type_: Some("ClusterIP".into()),
                 selector: Some(self.selector_labels()),
-                ports: Some(vec![
-                    port("grpc", GRPC_PORT, Some("kubernetes.io/h2c")),
-                    port("admin", ADMIN_PORT, None),
-                    port("webhook", 443, None),
-                ]),
+                ports: Some(
+                    [
+                        Some(port("grpc", GRPC_PORT, Some("kubernetes.io/h2c"))),
+                        Some(port("admin", ADMIN_PORT, None)),
+                        Some(port("webhook", 443, None)),
+                        self.v.signals.enabled.then(|| {
+                            port("signals", self.v.signals.port, Some("kubernetes.io/h2c"))
+                        }),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .collect(),
+                ),
                 ..Default::default()
             }),
             ..Default::default()
@@ -394,17 +413,27 @@ impl Context<'_> {
             name: "policy-controller".into(),
             image: Some(c.image.reference(&self.v.app_version)),
             image_pull_policy: Some(c.image.pull_policy.as_str().into()),
-            args: Some(vec![
-                format!("--grpc-addr=0.0.0.0:{GRPC_PORT}"),
-                format!("--admin-addr=0.0.0.0:{ADMIN_PORT}"),
-                format!("--admission-addr=0.0.0.0:{WEBHOOK_PORT}"),
-                format!("--admission-tls-cert={TLS_DIR}/tls.crt"),
-                format!("--admission-tls-key={TLS_DIR}/tls.key"),
-                format!("--proxy-config={PROXY_CONFIG_DIR}/config.json"),
-                format!("--lease-name={}", c.leader_election.lease_name),
-                format!("--cluster-domain={}", self.v.cluster_domain),
-                format!("--log-format={}", c.log_format.as_str()),
-            ]),
+            args: Some({
+                let mut args = vec![
+                    format!("--grpc-addr=0.0.0.0:{GRPC_PORT}"),
+                    format!("--admin-addr=0.0.0.0:{ADMIN_PORT}"),
+                    format!("--admission-addr=0.0.0.0:{WEBHOOK_PORT}"),
+                    format!("--admission-tls-cert={TLS_DIR}/tls.crt"),
+                    format!("--admission-tls-key={TLS_DIR}/tls.key"),
+                    format!("--proxy-config={PROXY_CONFIG_DIR}/config.json"),
+                    format!("--lease-name={}", c.leader_election.lease_name),
+                    format!("--cluster-domain={}", self.v.cluster_domain),
+                    format!("--log-format={}", c.log_format.as_str()),
+                ];
+                if self.v.signals.enabled {
+                    args.push(format!("--signals-addr=0.0.0.0:{}", self.v.signals.port));
+                    args.push(format!(
+                        "--signals-interval-ms={}",
+                        self.v.signals.interval_ms
+                    ));
+                }
+                args
+            }),
             env: Some(vec![
                 EnvVar {
                     name: "RUST_LOG".into(),
@@ -414,11 +443,20 @@ impl Context<'_> {
                 field_env("POD_NAME", "metadata.name"),
                 field_env("POD_NAMESPACE", "metadata.namespace"),
             ]),
-            ports: Some(vec![
-                container_port("grpc", GRPC_PORT),
-                container_port("admin", ADMIN_PORT),
-                container_port("webhook", WEBHOOK_PORT),
-            ]),
+            ports: Some(
+                [
+                    Some(container_port("grpc", GRPC_PORT)),
+                    Some(container_port("admin", ADMIN_PORT)),
+                    Some(container_port("webhook", WEBHOOK_PORT)),
+                    self.v
+                        .signals
+                        .enabled
+                        .then(|| container_port("signals", self.v.signals.port)),
+                ]
+                .into_iter()
+                .flatten()
+                .collect(),
+            ),
             liveness_probe: Some(probe("/live", 10, 3)),
             readiness_probe: Some(probe("/ready", 5, 2)),
             resources: Some(c.resources.clone()),
@@ -525,13 +563,16 @@ impl Context<'_> {
     /// the admin port from monitoring.
     fn network_policy(&self) -> NetworkPolicy {
         let np = &self.v.network_policy;
-        let port = |name: &str| {
-            Some(vec![NetworkPolicyPort {
-                port: Some(IntOrString::String(name.into())),
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }])
+        let named = |name: &str| NetworkPolicyPort {
+            port: Some(IntOrString::String(name.into())),
+            protocol: Some("TCP".into()),
+            ..Default::default()
         };
+        let port = |name: &str| Some(vec![named(name)]);
+        let mut meshed_ports = vec![named("grpc")];
+        if self.v.signals.enabled {
+            meshed_ports.push(named("signals"));
+        }
         let meshed = NetworkPolicyPeer {
             namespace_selector: Some(LabelSelector::default()),
             pod_selector: Some(LabelSelector {
@@ -560,7 +601,7 @@ impl Context<'_> {
                 ingress: Some(vec![
                     NetworkPolicyIngressRule {
                         from: Some(vec![meshed]),
-                        ports: port("grpc"),
+                        ports: Some(meshed_ports),
                     },
                     NetworkPolicyIngressRule {
                         from: api_server,

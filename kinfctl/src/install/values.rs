@@ -53,6 +53,7 @@ pub struct ControlPlane {
     pub proxy: Proxy,
     pub proxy_init: ProxyInit,
     pub network_policy: NetworkPolicy,
+    pub signals: Signals,
     #[serde(skip)]
     pub app_version: String,
 }
@@ -137,6 +138,15 @@ pub struct Controller {
     pub pod_disruption_budget: PodDisruptionBudget,
     pub node_selector: BTreeMap<String, String>,
     pub tolerations: Vec<Toleration>,
+}
+
+/// The engine-signals service (`docs/signals.md`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Signals {
+    pub enabled: bool,
+    pub port: i32,
+    pub interval_ms: u64,
 }
 
 /// The controller's NetworkPolicy.

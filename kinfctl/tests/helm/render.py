@@ -58,6 +58,8 @@ CASES = [
      ["--namespace", "kinf-system"]),
     ("control-plane-no-network-policy", "kinference", "kinference",
      ["networkPolicy.enabled=false"], ["--namespace", "kinference"]),
+    ("control-plane-signals", "kinference", "kinference",
+     ["signals.enabled=true,signals.port=8093"], ["--namespace", "kinference"]),
     ("viz-default", "kinference-viz", "kinference", [], None),
 ]
 

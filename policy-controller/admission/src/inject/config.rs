@@ -28,6 +28,11 @@ pub struct ProxyConfig {
     /// The policy controller's gRPC address, e.g.
     /// `http://kinference-policy-controller.kinference.svc.cluster.local:8090`.
     pub controller_addr: String,
+    /// The engine-signals service's address (`signals.enabled` in the chart), e.g.
+    /// `http://kinference-policy-controller.kinference.svc.cluster.local:8092`; absent, each
+    /// proxy scrapes the engines itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signals_addr: Option<String>,
     /// The proxy-init image reference.
     pub init_image: String,
     pub init_image_pull_policy: String,

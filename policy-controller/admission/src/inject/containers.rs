@@ -225,6 +225,9 @@ pub fn proxy(
             workload_labels.join(","),
         ));
     }
+    if let Some(addr) = &config.signals_addr {
+        env.push(self::env("KINFERENCE_PROXY_SIGNALS_ADDR", addr.clone()));
+    }
     if let Some(idle) = o.target_idle_timeout.or(config.target_idle_timeout) {
         env.push(self::env(
             "KINFERENCE_PROXY_TARGET_IDLE_TIMEOUT_MS",
@@ -305,6 +308,27 @@ mod tests {
         assert_eq!(e["KINFERENCE_OUTBOUND_PORTS"], "80,8000");
         assert_eq!(e["KINFERENCE_SKIP_OUTBOUND_PORTS"], "22");
         assert_eq!(e["KINFERENCE_SKIP_OUTBOUND_CIDRS"], "10.0.0.0/8");
+    }
+
+    /// With the chart's `signals.enabled`, the proxy is pointed at the signal service; without
+    /// it, it is not (and scrapes the engines itself).
+    #[test]
+    fn the_proxy_reads_signals_through_the_service_when_the_chart_names_one() {
+        let workload = super::super::workload::workload(&Default::default(), "apps");
+        let mut c = config("[80,8000]");
+        let without = proxy(&c, &Overrides::default(), &workload, &BTreeMap::new());
+        assert!(!env_of(&without).contains_key("KINFERENCE_PROXY_SIGNALS_ADDR"));
+        c.signals_addr = Some("http://ctl:8092".into());
+        let with = proxy(&c, &Overrides::default(), &workload, &BTreeMap::new());
+        assert_eq!(
+            env_of(&with)["KINFERENCE_PROXY_SIGNALS_ADDR"],
+            "http://ctl:8092"
+        );
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(
+            json.contains(r#""signalsAddr":"http://ctl:8092""#),
+            "{json}"
+        );
     }
 
     #[test]
