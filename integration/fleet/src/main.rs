@@ -52,6 +52,9 @@ struct Args {
     /// How long a notice takes through the signal plane, for arms with `:signals`.
     #[arg(long, default_value_t = 2)]
     notice_delay_ms: u64,
+    /// The share of notice deliveries lost, for arms with `:signals` (0 to 1).
+    #[arg(long, default_value_t = 0.0)]
+    notice_loss: f64,
     /// The replicas do not answer vLLM's `GET /load` (as vLLM without
     /// `--enable-server-load-tracking`): routers see only the scheduler's gauges.
     #[arg(long)]
@@ -111,6 +114,7 @@ fn main() -> anyhow::Result<()> {
             scrape_interval: Duration::from_millis(args.scrape_interval_ms),
             kv_event_delay: Duration::from_millis(args.kv_event_delay_ms),
             notice_delay: Duration::from_millis(args.notice_delay_ms),
+            notice_loss: args.notice_loss,
             seed: args.seed,
             server_load: !args.no_server_load,
             kinference,

@@ -44,6 +44,10 @@ pub struct RunConfig {
     /// sidecars through the signal plane, for arms with `:signals`: two hops, sidecar to the
     /// signal service and on to every watching sidecar.
     pub notice_delay: Duration,
+    /// The share of notice deliveries lost on the way (each sidecar's copy independently), for
+    /// arms with `:signals`: the service's ring overrunning a slow sidecar, or a stream broken
+    /// while its notices were in flight.
+    pub notice_loss: f64,
     /// Whether the replicas answer vLLM's `GET /load` (`--enable-server-load-tracking`), polled
     /// with every scrape by the arms that read it.
     pub server_load: bool,
@@ -60,6 +64,7 @@ impl Default for RunConfig {
             scrape_interval: Duration::from_millis(50),
             kv_event_delay: Duration::from_millis(10),
             notice_delay: Duration::from_millis(2),
+            notice_loss: 0.0,
             seed: 1,
             server_load: true,
             kinference: kinference_routing::RouterConfig::default(),
@@ -181,22 +186,34 @@ fn truth(rep: &Replica, now: SimTime, server_load: u32) -> Scraped {
 /// Sends `event` from instance `from` to every other instance, `delay` later.
 fn publish(
     q: &mut EventQueue,
-    sync: Option<Duration>,
+    sync: &mut Option<Sync>,
     from: usize,
     n: usize,
     now: SimTime,
     event: PeerEvent,
 ) {
-    let Some(delay) = sync else { return };
+    let Some(Sync { delay, loss, rng }) = sync else {
+        return;
+    };
     for instance in (0..n).filter(|&i| i != from) {
+        if *loss > 0.0 && rand::Rng::random_bool(rng, loss.clamp(0.0, 1.0)) {
+            continue;
+        }
         q.push(
-            now + delay,
+            now + *delay,
             Event::Peer {
                 instance,
                 event: event.clone(),
             },
         );
     }
+}
+
+/// How peers' events reach the other instances: late by `delay`, each copy lost with `loss`.
+struct Sync {
+    delay: Duration,
+    loss: f64,
+    rng: ChaCha8Rng,
 }
 
 /// Runs `workload` through `arm` and measures every request.
@@ -241,10 +258,16 @@ pub fn run_cell_detailed(
     let reads_load = cfg.server_load && arm.reads_server_load();
     let sync = match (n_sidecars > 1, arm.signals) {
         (false, _) => None,
-        // The signal plane: each notice goes sidecar -> signal service -> every sidecar.
-        (true, true) => Some(cfg.notice_delay),
-        (true, false) => strategy.replica_sync(cfg.kv_event_delay),
+        // The signal plane: each notice goes sidecar -> signal service -> every sidecar, and
+        // each delivery is lost with `notice_loss`.
+        (true, true) => Some((cfg.notice_delay, cfg.notice_loss)),
+        (true, false) => strategy.replica_sync(cfg.kv_event_delay).map(|d| (d, 0.0)),
     };
+    let mut sync = sync.map(|(delay, loss)| Sync {
+        delay,
+        loss,
+        rng: ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x6e6f_7469_6365),
+    });
     let prices: Vec<Option<fleet::Price>> = workload.fleet.pools.iter().map(|p| p.price).collect();
     let widening = workload.fleet.pools.len() > 1;
 
@@ -404,7 +427,7 @@ pub fn run_cell_detailed(
                 router.on_dispatch(&r, replica, now);
                 publish(
                     &mut q,
-                    sync,
+                    &mut sync,
                     rec.sidecar,
                     n_sidecars,
                     now,
@@ -451,7 +474,7 @@ pub fn run_cell_detailed(
                                 .on_first_token(id, replica, now);
                             publish(
                                 &mut q,
-                                sync,
+                                &mut sync,
                                 rec.sidecar,
                                 n_sidecars,
                                 now,
@@ -479,7 +502,7 @@ pub fn run_cell_detailed(
                             sc.router.on_complete(id, replica, completion_tokens, now);
                             publish(
                                 &mut q,
-                                sync,
+                                &mut sync,
                                 rec.sidecar,
                                 n_sidecars,
                                 now,
