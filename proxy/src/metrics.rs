@@ -328,6 +328,9 @@ pub struct SignalMetrics {
     pub signal_updates: Family<PoolLabels, Counter>,
     /// 1 while a pool's readings come from the signal service, 0 while it reads the engines.
     pub signal_stream_live: Family<PoolLabels, Gauge>,
+    /// How old each reading from the signal service was when it arrived (from the service's
+    /// scrape to this proxy): the freshness the service gives.
+    pub signal_reading_age_seconds: Hist<PoolLabels>,
     /// Notices: this proxy's own `sent` or `dropped`, others' `applied` or `lost` (to slowness).
     pub signal_notices: Family<NoticeLabels, Counter>,
     pub kv_event_batches: Family<PoolLabels, Counter>,
@@ -494,6 +497,12 @@ impl Metrics {
             "signal_updates",
             "Signal-service messages applied",
             Family::default(),
+        );
+        let signal_reading_age_seconds = registered(
+            &mut r,
+            "signal_reading_age_seconds",
+            "Age of each signal-service reading on arrival, from the service's scrape",
+            hist(itl_histogram),
         );
         let signal_notices = registered(
             &mut r,
@@ -664,6 +673,7 @@ impl Metrics {
                 signal_updates,
                 signal_stream_live,
                 signal_notices,
+                signal_reading_age_seconds,
                 kv_event_batches,
                 kv_event_errors,
             },

@@ -245,6 +245,11 @@ impl Applied {
             self.seq.remove(addr);
         }
         let clock = p.router.clock();
+        let ages = p
+            .metrics
+            .signal_reading_age_seconds
+            .get_or_create(&p.labels)
+            .clone();
         for r in &update.readings {
             let Ok(addr) = r.addr.parse::<SocketAddr>() else {
                 continue;
@@ -261,6 +266,7 @@ impl Applied {
                 continue;
             }
             self.seq.insert(r.addr.clone(), r.read_seq);
+            ages.observe(r.age_ms as f64 / 1000.0);
             let read_at = arrived
                 .checked_sub(Duration::from_millis(r.age_ms))
                 .unwrap_or(arrived);
