@@ -29,6 +29,9 @@ pub use self::{
     duration::GatewayDuration,
     policy::{InferencePolicy, InferencePolicySpec},
     pool::{InferencePool, InferencePoolSpec},
-    validate::{ValidationError, ValidationErrors, validate_classifier, validate_policy},
+    validate::{
+        ValidationError, ValidationErrors, validate_classifier, validate_policy,
+        validate_policy_document,
+    },
 };
 pub use gateway_api;

@@ -11,6 +11,7 @@ mod balancer;
 mod budget;
 mod model;
 mod quality_guard;
+mod rollout;
 mod rule;
 mod service_class;
 mod timeouts;
@@ -30,6 +31,10 @@ pub use self::{
     quality_guard::{
         DEFAULT_CAPPED_SHARE, DEFAULT_FAMILY_TAG, DEFAULT_JUDGE_TIMEOUT, DEFAULT_MIN_SAMPLES,
         DEFAULT_SAMPLE_SHARE, DEFAULT_TOLERANCE, Judge, QualityGuard,
+    },
+    rollout::{
+        ASSIGN_BY, DEFAULT_ROLLOUT_MIN_SAMPLES, DEFAULT_ROLLOUT_WINDOW, Rollout, RolloutCandidate,
+        RolloutState, RolloutThresholds,
     },
     rule::{PolicyRule, RuleAction, RuleMatch, ServiceClass, TagMatch, WorkloadMatch},
     service_class::ServiceClassPolicy,
@@ -54,6 +59,11 @@ pub const CONDITION_RESOLVED_REFS: &str = "ResolvedRefs";
 /// Condition type: every rule with a quality guard is within its tolerance (False: a rule is
 /// suspended for some tenant and prompt family; Unknown: still measuring).
 pub const CONDITION_QUALITY_GUARD: &str = "QualityGuard";
+
+/// Condition type: the rollout's cohort is within its thresholds (False: a threshold was
+/// crossed and the cohort rolled back to the control policy, or the rollout was aborted;
+/// Unknown: too few requests yet).
+pub const CONDITION_ROLLOUT: &str = "Rollout";
 
 /// InferencePolicySpec declares, for the endpoint it targets, the models that may serve a
 /// prompt, the aliases apps may ask for, the ordered rules that choose candidate models, and the
@@ -144,6 +154,11 @@ pub struct InferencePolicySpec {
     /// request that would go over is answered 429 with Retry-After. Each tenant at most once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tenant_budgets: Vec<TenantBudget>,
+
+    /// Rollout tries a candidate routing (rules, balancer) on a sticky cohort beside a control
+    /// group, and rolls the cohort back when a declared threshold is crossed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
 }
 
 /// PolicyTargetReference identifies the object a policy attaches to, in the policy's namespace.

@@ -113,6 +113,15 @@ pub fn validate_policy(
     errors.finish()
 }
 
+/// Checks what typed validation cannot see of a policy as written: fields its typed spec would
+/// drop, such as a rollout candidate's models (a candidate may change only routing). The
+/// admission webhook calls this on the submitted object beside [`validate_policy`].
+pub fn validate_policy_document(document: &serde_json::Value) -> Result<(), ValidationErrors> {
+    let mut errors = Errors::default();
+    policy::candidate_beyond_routing(document, &mut errors);
+    errors.finish()
+}
+
 /// Validates a classifier on its own.
 pub fn validate_classifier(classifier: &InferenceClassifier) -> Result<(), ValidationErrors> {
     let mut errors = Errors::default();

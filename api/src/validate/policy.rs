@@ -3,6 +3,10 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
+mod rollout;
+
+pub(super) use rollout::candidate_beyond_routing;
+
 use super::{ErrorKind, Errors, check_name, check_range, check_unique, list};
 use crate::{
     InferenceClassifier, InferencePolicy, InferencePool,
@@ -36,10 +40,13 @@ pub(super) fn validate(
     for (i, rule) in spec.rules.iter().enumerate() {
         validate_rule(&format!("spec.rules[{i}]"), rule, spec, classifier, errors);
     }
-    validate_balancer(&spec.balancer, errors);
+    validate_balancer("spec.balancer", &spec.balancer, errors);
     validate_service_classes(spec, errors);
     validate_budgets(spec, errors);
     validate_timeouts(spec, errors);
+    if let Some(r) = &spec.rollout {
+        rollout::validate(r, spec, classifier, errors);
+    }
 }
 
 fn in_namespace(namespace: Option<&str>) -> String {
@@ -679,23 +686,21 @@ fn validate_selector(field: &str, selector: &LabelSelector, errors: &mut Errors)
     }
 }
 
-fn validate_balancer(balancer: &Balancer, errors: &mut Errors) {
-    if let Some(budget) = check_duration(
-        errors,
-        "spec.balancer.freshnessBudget",
-        &balancer.freshness_budget,
-    ) && budget.is_zero()
+fn validate_balancer(field: &str, balancer: &Balancer, errors: &mut Errors) {
+    let budget_field = format!("{field}.freshnessBudget");
+    if let Some(budget) = check_duration(errors, &budget_field, &balancer.freshness_budget)
+        && budget.is_zero()
     {
         errors.push(
-            "spec.balancer.freshnessBudget",
+            budget_field,
             ErrorKind::Invalid,
             "must be greater than 0s: with no budget every signal is stale",
         );
     }
-    check_duration(errors, "spec.balancer.tieWindow", &balancer.tie_window);
+    check_duration(errors, &format!("{field}.tieWindow"), &balancer.tie_window);
     if let Some(tolerance) = &balancer.prefer_cheaper_within {
-        let field = "spec.balancer.preferCheaperWithin";
-        check_duration(errors, field, tolerance);
+        let field = format!("{field}.preferCheaperWithin");
+        check_duration(errors, &field, tolerance);
         if balancer.objective != Objective::LowestTtft {
             errors.push(
                 field,
@@ -832,14 +837,24 @@ fn validate_service_classes(spec: &InferencePolicySpec, errors: &mut Errors) {
             );
         }
     }
-    if spec.balancer.objective == Objective::CheapestWithinSlo {
+    check_objective_slo("spec.balancer.objective", &spec.balancer, spec, errors);
+}
+
+/// CheapestWithinSLO needs the Standard class's objective.
+fn check_objective_slo(
+    field: &str,
+    balancer: &Balancer,
+    spec: &InferencePolicySpec,
+    errors: &mut Errors,
+) {
+    if balancer.objective == Objective::CheapestWithinSlo {
         let has_default = spec
             .service_classes
             .iter()
             .any(|c| c.name == ServiceClass::Standard && c.ttft_slo.is_some());
         if !has_default {
             errors.push(
-                "spec.balancer.objective",
+                field,
                 ErrorKind::Required,
                 "CheapestWithinSLO needs a ttftSLO for the Standard service class (the class of \
                  every request no rule classes, and of classes without their own) in \

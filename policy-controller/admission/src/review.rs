@@ -70,12 +70,15 @@ fn admit(request: &AdmissionRequest<DynamicObject>) -> Result<(), String> {
     let unreadable =
         |e: serde_json::Error| format!("{kind} {namespace}/{name} cannot be read: {e}");
     let errors: Vec<ValidationError> = if kind == "InferencePolicy" {
+        let beyond = kinference_api::validate_policy_document(&value).err();
         let mut policy: InferencePolicy = serde_json::from_value(value).map_err(unreadable)?;
         policy.metadata.namespace = Some(namespace.clone());
-        match kinference_api::validate_policy(&policy, &[], &[]) {
-            Ok(()) => Vec::new(),
-            Err(errors) => errors.into_iter().filter(|e| !is_cross_object(e)).collect(),
-        }
+        let typed = kinference_api::validate_policy(&policy, &[], &[]).err();
+        beyond
+            .into_iter()
+            .flatten()
+            .chain(typed.into_iter().flatten().filter(|e| !is_cross_object(e)))
+            .collect()
     } else {
         let classifier: InferenceClassifier = serde_json::from_value(value).map_err(unreadable)?;
         match kinference_api::validate_classifier(&classifier) {

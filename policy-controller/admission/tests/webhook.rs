@@ -363,3 +363,32 @@ async fn inject_over_tls_patches_the_pod_and_posts_an_event() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_bad_rollout_is_denied_with_its_field_paths() {
+    let webhook = start().await;
+    let mut p = policy("llm");
+    p["spec"]["rollout"] = json!({
+        "name": "everything-to-qwen",
+        "candidate": {"rules": [{"name": "all", "action": {"rewriteTo": "qwen-3.6-27b"}}]},
+        "cohortPercent": 10, "controlPercent": 10,
+        "thresholds": {"errorRate": 0.02},
+    });
+    let response = webhook.review("uid-r1", p.clone()).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    p["spec"]["rollout"]["controlPercent"] = json!(95);
+    p["spec"]["rollout"]["assignBy"] = json!("Cookie");
+    p["spec"]["rollout"]["thresholds"] = json!({});
+    p["spec"]["rollout"]["candidate"]["models"] = json!([{"name": "llama-4"}]);
+    let response = webhook.review("uid-r2", p).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    for field in [
+        "spec.rollout.candidate.models: a candidate may change only routing",
+        "spec.rollout.controlPercent: cohortPercent 10 + controlPercent 95 is more than 100",
+        "spec.rollout.assignBy: \"Cookie\" is not a key",
+        "spec.rollout.thresholds: declare at least one of",
+    ] {
+        assert!(message.contains(field), "{field} missing from {message}");
+    }
+}

@@ -1,0 +1,169 @@
+//! A policy's rollout: a candidate routing tried on a cohort beside a control group, with the
+//! thresholds that roll it back declared before it starts.
+//!
+//! A routing change is risky in the way any production change is: it is tried on a small,
+//! sticky cohort while a control group of the same size keeps the current policy, and the
+//! controller compares the two over a window against limits the team wrote down in advance. The
+//! candidate may change only where a request goes (the rules and the balancer), never the models
+//! the policy declares or what a request asks for, so that the arms differ in routing alone.
+//! Promotion is an explicit step (`kinfctl rollout promote` sets `state: Promoted`); a crossed
+//! threshold moves the cohort back to the control policy by itself. See `docs/rollout.md`.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+use super::{Balancer, PolicyRule};
+use crate::duration::{DurationError, GatewayDuration};
+
+/// The default window the arms are compared over: 10 minutes.
+pub const DEFAULT_ROLLOUT_WINDOW: Duration = Duration::from_secs(600);
+
+/// The default minimum of requests in each arm before any threshold is judged.
+pub const DEFAULT_ROLLOUT_MIN_SAMPLES: u64 = 400;
+
+/// Rollout tries a candidate routing on a cohort of the traffic beside a control group.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rollout {
+    /// Name identifies the rollout in status, metrics, decision records and traces, and salts
+    /// the assignment: a new name draws a new cohort.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+
+    /// Candidate is the routing the cohort gets: rules and balancer, with the same schema as the
+    /// policy's own. A part left unset is the policy's own. It cannot declare models, aliases or
+    /// anything a request asks for: both arms are served by the same models.
+    pub candidate: RolloutCandidate,
+
+    /// CohortPercent of the keys get the candidate. In (0, 100].
+    pub cohort_percent: f64,
+
+    /// ControlPercent of the keys keep the current policy and are measured against the cohort.
+    /// In (0, 100]; cohortPercent + controlPercent at most 100. The rest keep the current policy
+    /// and are not compared.
+    pub control_percent: f64,
+
+    /// AssignBy is what a request's arm is keyed by, so that it keeps its arm: Tenant (the
+    /// default; the calling workload's namespace/name), Workload, Header (the value of the
+    /// request header named by `header`; a request without it is in neither arm) or Request (a
+    /// fresh draw per request: declared explicitly, since the arms then share users).
+    #[serde(default = "default_assign_by")]
+    pub assign_by: String,
+
+    /// Header names the request header the arm is keyed by, with assignBy Header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+
+    /// Window is how far back the arms are compared, as a duration such as "10m". Defaults to
+    /// 10m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<GatewayDuration>,
+
+    /// MinSamples is how many requests each arm needs in the window before any threshold is
+    /// judged. At least 1. Defaults to 400 (see docs/rollout.md for how many a regression needs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_samples: Option<u64>,
+
+    /// Thresholds roll the cohort back when crossed. At least one is required.
+    pub thresholds: RolloutThresholds,
+
+    /// State is Running (the default: the cohort gets the candidate until a threshold is
+    /// crossed), Promoted (every request gets the candidate) or Aborted (every request gets the
+    /// current policy). Set by `kinfctl rollout promote|abort`.
+    #[serde(default)]
+    pub state: RolloutState,
+}
+
+/// The routing part of a policy that a rollout's candidate may replace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutCandidate {
+    /// Rules replace the policy's rules for the cohort (an empty list: no rules). Unset: the
+    /// policy's own. They may name only the models and aliases the policy declares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules: Option<Vec<PolicyRule>>,
+
+    /// Balancer replaces the policy's balancer for the cohort. Unset: the policy's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balancer: Option<Balancer>,
+}
+
+/// RolloutThresholds are how much worse than control the cohort may be. Rates are absolute
+/// increases over control's (0.02 = two points), in [0, 1]; TTFT limits are ratios cohort /
+/// control, at least 1 (1.2 = 20% slower); saturation is a ceiling on the cohort's endpoints, in
+/// (0, 1]. A threshold is crossed only when the whole confidence interval is past it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutThresholds {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_rate: Option<f64>,
+    #[serde(
+        default,
+        rename = "ttftP90Ratio",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ttft_p90_ratio: Option<f64>,
+    #[serde(
+        default,
+        rename = "ttftP99Ratio",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ttft_p99_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saturation: Option<f64>,
+}
+
+impl RolloutThresholds {
+    /// Whether no threshold is declared.
+    pub fn is_empty(&self) -> bool {
+        self.error_rate.is_none()
+            && self.fallback_rate.is_none()
+            && self.timeout_rate.is_none()
+            && self.ttft_p90_ratio.is_none()
+            && self.ttft_p99_ratio.is_none()
+            && self.saturation.is_none()
+    }
+}
+
+/// Where a rollout stands, as the user declared it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum RolloutState {
+    /// The cohort gets the candidate (until the controller rolls it back).
+    #[default]
+    Running,
+    /// Every request gets the candidate.
+    Promoted,
+    /// Every request gets the current policy.
+    Aborted,
+}
+
+/// The keys a rollout's arm may be assigned by.
+pub const ASSIGN_BY: [&str; 4] = ["Tenant", "Workload", "Header", "Request"];
+
+fn default_assign_by() -> String {
+    "Tenant".to_string()
+}
+
+impl Rollout {
+    /// The window, parsed, with its default.
+    pub fn window(&self) -> Result<Duration, DurationError> {
+        self.window
+            .as_ref()
+            .map_or(Ok(DEFAULT_ROLLOUT_WINDOW), GatewayDuration::parse)
+    }
+
+    /// The minimum sample, with its default.
+    pub fn min_samples(&self) -> u64 {
+        self.min_samples.unwrap_or(DEFAULT_ROLLOUT_MIN_SAMPLES)
+    }
+
+    /// A percentage in basis points of the whole (10,000).
+    pub fn basis_points(percent: f64) -> u32 {
+        (percent.clamp(0.0, 100.0) * 100.0).round() as u32
+    }
+}
