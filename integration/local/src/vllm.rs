@@ -336,15 +336,61 @@ fn models_answer(port: u16) -> bool {
     s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
 }
 
-/// A port whose successor (the KV-event port) is free too.
+/// A port whose successor (the KV-event port) is free too, drawn from below the kernel's
+/// ephemeral range.
+///
+/// vLLM binds its ports a minute or more after it is started (after torch's import), and every
+/// process on the machine, vLLM's own engine core included, takes ports from the ephemeral range
+/// for outgoing connections and `bind(0)` sockets. A pair probed free inside that range is often
+/// taken by the time vLLM binds it (`zmq.error.ZMQError: Address already in use`); below it only an
+/// explicit bind can take it.
 pub fn port_pair() -> anyhow::Result<u16> {
-    for _ in 0..100 {
-        let p = crate::process::free_port()?;
-        if std::net::TcpListener::bind(("0.0.0.0", p + 1)).is_ok() {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    const LOW: u32 = 20_000;
+    let high = ephemeral_low().unwrap_or(32_768).saturating_sub(2);
+    if high <= LOW + 64 {
+        // The ephemeral range starts too low to stay out of it: probe inside it.
+        for _ in 0..100 {
+            let p = crate::process::free_port()?;
+            if pair_free(p) {
+                return Ok(p);
+            }
+        }
+        bail!("no two free consecutive ports");
+    }
+    let span = (high - LOW) / 2;
+    // Different processes (nextest runs each test in its own) start at different places.
+    let seed = std::process::id().wrapping_mul(2_654_435_761)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+    for _ in 0..span.min(2_000) {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = LOW + 2 * (seed.wrapping_add(n.wrapping_mul(7_919)) % span);
+        let p = u16::try_from(p).context("port out of range")?;
+        if pair_free(p) {
             return Ok(p);
         }
     }
-    bail!("no two free consecutive ports")
+    bail!("no two free consecutive ports below the ephemeral range")
+}
+
+/// Whether `port` (on loopback, where the API server binds) and `port + 1` (on every address,
+/// where the KV-event publisher binds) are free now.
+fn pair_free(port: u16) -> bool {
+    let Some(next) = port.checked_add(1) else {
+        return false;
+    };
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+        && std::net::TcpListener::bind(("0.0.0.0", port)).is_ok()
+        && std::net::TcpListener::bind(("0.0.0.0", next)).is_ok()
+}
+
+/// The first port of the kernel's ephemeral range (`net.ipv4.ip_local_port_range`).
+fn ephemeral_low() -> Option<u32> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    range.split_whitespace().next()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -370,6 +416,20 @@ mod tests {
             !a.iter()
                 .any(|x| x == "--kv-events-config" || x == "--enable-prompt-tokens-details")
         );
+    }
+
+    #[test]
+    fn a_port_pair_is_free_and_out_of_the_ephemeral_range() {
+        let low = ephemeral_low().unwrap_or(32_768);
+        let pairs: Vec<u16> = (0..4).map(|_| port_pair().unwrap()).collect();
+        for p in &pairs {
+            assert!(u32::from(*p) + 1 < low, "{p} is in the ephemeral range from {low}");
+            assert!(pair_free(*p), "{p} or its successor is taken");
+        }
+        let mut distinct = pairs.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), pairs.len(), "{pairs:?}");
     }
 
     #[test]
