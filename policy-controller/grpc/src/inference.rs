@@ -174,6 +174,14 @@ where
         );
         Ok(tonic::Response::new(api::GuardReportAck {}))
     }
+
+    async fn report_rollout(
+        &self,
+        _req: tonic::Request<api::RolloutReport>,
+    ) -> Result<tonic::Response<api::RolloutReportAck>, tonic::Status> {
+        // Rollouts are not served yet (`rollout` is never set), so no proxy reports one.
+        Err(tonic::Status::unimplemented("rollouts are not served yet"))
+    }
 }
 
 fn guard_entry(g: &api::GuardStatus) -> GuardEntry {
@@ -257,6 +265,7 @@ fn policy_to_proto(p: &core::InferencePolicy) -> api::InferencePolicy {
         rules: p.rules.iter().map(rule_to_proto).collect(),
         classifiers: p.classifiers.iter().map(classifier_to_proto).collect(),
         balancer: Some(balancer(&p.balancer)),
+        rollout: None,
         status: Some(api::Status {
             kind: api::status::Kind::Served.into(),
             message: String::new(),

@@ -43,6 +43,7 @@ pub struct Script {
     pub targets: Mutex<Vec<InferenceTarget>>,
     /// Every quality-guard report received.
     pub guard_reports: watch::Sender<Vec<inf::GuardReport>>,
+    pub rollout_reports: watch::Sender<Vec<inf::RolloutReport>>,
 }
 
 impl Script {
@@ -55,6 +56,7 @@ impl Script {
             requests: Mutex::new(Vec::new()),
             targets: Mutex::new(Vec::new()),
             guard_reports: watch::channel(Vec::new()).0,
+            rollout_reports: watch::channel(Vec::new()).0,
         })
     }
 }
@@ -175,6 +177,15 @@ impl inference_policies_server::InferencePolicies for Svc {
         let report = req.into_inner();
         self.0.guard_reports.send_modify(|r| r.push(report));
         Ok(Response::new(inf::GuardReportAck {}))
+    }
+
+    async fn report_rollout(
+        &self,
+        req: Request<inf::RolloutReport>,
+    ) -> Result<Response<inf::RolloutReportAck>, Status> {
+        let report = req.into_inner();
+        self.0.rollout_reports.send_modify(|r| r.push(report));
+        Ok(Response::new(inf::RolloutReportAck {}))
     }
 }
 
