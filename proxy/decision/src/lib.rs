@@ -19,9 +19,13 @@ pub mod rollout;
 
 pub use self::{
     objective::{DecidedBy, ObjectiveOutcome},
-    plan::{Input, Passthrough, Plan, Refusal, UnknownModel, decide, decide_among, passthrough},
+    plan::{
+        Input, Passthrough, Plan, Refusal, UnknownModel, decide, decide_among, decide_among_with,
+        passthrough,
+    },
     policy::{
         Balancer, Candidates, DEFAULT_SERVICE_CLASS, FailureMode, KvEvents, KvEventsPort, Mode,
-        Model, Objective, Policy, Price, RuleTrace, ServiceClass, TenantBudget, Timeouts, Workload,
+        Model, Objective, Policy, Price, Rollout, RuleTrace, ServiceClass, TenantBudget, Timeouts,
+        Workload,
     },
 };

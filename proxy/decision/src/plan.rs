@@ -21,7 +21,7 @@ use crate::{
 };
 use kinference_classify::Tags;
 use kinference_routing::{
-    BlockHasher, Decision, EndpointId, ModelName, PromptBlocks, Request, Router, Time,
+    BlockHasher, Decision, EndpointId, ModelName, PromptBlocks, Request, Router, RouterConfig, Time,
 };
 use rand::Rng;
 
@@ -163,6 +163,21 @@ pub fn decide_among(
     now: Time,
     rng: &mut impl Rng,
 ) -> Plan {
+    decide_among_with(policy, router, router.config(), candidates, input, now, rng)
+}
+
+/// [`decide_among`] with the router predicting under `config` rather than its own settings: a
+/// rollout's cohort on the router the control group's balancer configured
+/// ([`crate::Balancer::router_config`] of the cohort's balancer).
+pub fn decide_among_with(
+    policy: &Policy,
+    router: &Router,
+    config: &RouterConfig,
+    candidates: Candidates,
+    input: &Input<'_>,
+    now: Time,
+    rng: &mut impl Rng,
+) -> Plan {
     let requested = ModelName::from(candidates.requested_model.as_str());
     let models: Vec<ModelName> = candidates
         .models
@@ -183,7 +198,7 @@ pub fn decide_among(
         prompt_blocks: input.prompt_blocks,
         block_hasher: input.block_hasher,
     };
-    let mut decision = router.decide(&request, now, rng);
+    let mut decision = router.decide_with(config, &request, now, rng);
     let objective = crate::objective::apply(
         policy,
         &mut decision,

@@ -114,6 +114,20 @@ pub struct ServiceClass {
     pub reserved_share: f64,
 }
 
+impl Balancer {
+    /// `base` with these settings' freshness budget and tie window: the settings the router
+    /// predicts and breaks ties under (the rest of the balancer applies to the plan).
+    pub fn router_config(
+        &self,
+        base: &kinference_routing::RouterConfig,
+    ) -> kinference_routing::RouterConfig {
+        let mut config = *base;
+        config.predict.freshness_budget = self.freshness_budget;
+        config.tie_window = self.tie_window;
+        config
+    }
+}
+
 impl Default for Balancer {
     fn default() -> Self {
         Self {
@@ -217,6 +231,33 @@ pub struct Policy {
     pub status_message: Option<String>,
     /// Token budgets per tenant (see `kinference_proxy::budget`).
     pub tenant_budgets: Vec<TenantBudget>,
+    /// A rollout in progress: the cohort's rules and balancer, beside these (the control
+    /// group's and the rest's).
+    pub rollout: Option<Rollout>,
+}
+
+/// A rollout's split and its candidate routing ([`crate::rollout`] assigns the arms).
+///
+/// Only the routing differs between the arms: the cohort is decided under [`Policy::cohort`],
+/// this policy with `rules` and `balancer` in place of its own, and the same models, aliases,
+/// service classes, timeouts and budgets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rollout {
+    /// The rollout's name (in [`Split::name`](crate::rollout::Split)) salts the assignment.
+    pub split: crate::rollout::Split,
+    /// The cohort's rules, in order.
+    pub rules: Vec<Rule>,
+    /// The cohort's balancer.
+    pub balancer: Balancer,
+    /// How often each proxy reports the arms to the controller.
+    pub report_interval: Duration,
+}
+
+impl Rollout {
+    /// The rollout's name, as reports, metrics and decision records carry it.
+    pub fn name(&self) -> &str {
+        &self.split.name
+    }
 }
 
 /// A tenant's prompt plus completion tokens per fixed window.
@@ -325,6 +366,17 @@ impl Policy {
         of(class).or_else(|| of(DEFAULT_SERVICE_CLASS))
     }
 
+    /// The policy a rollout's cohort is decided under: this one with the rollout's candidate
+    /// rules and balancer. `None` when no rollout runs.
+    pub fn cohort(&self) -> Option<Policy> {
+        let r = self.rollout.as_ref()?;
+        Some(Policy {
+            rules: r.rules.clone(),
+            balancer: r.balancer,
+            ..self.clone()
+        })
+    }
+
     /// The model a backend's Destination path serves.
     pub fn model_by_path(&self, path: &str) -> Option<&Model> {
         self.models.iter().find(|m| m.destination_path == path)
@@ -425,6 +477,7 @@ pub(crate) mod tests {
             timeouts: Timeouts::default(),
             status_message: None,
             tenant_budgets: vec![],
+            rollout: None,
         }
     }
 

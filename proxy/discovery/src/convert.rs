@@ -10,9 +10,10 @@ mod classifiers;
 pub use self::classifiers::classifiers;
 
 use kinference_decision::{
-    Balancer, FailureMode, KvEvents, KvEventsPort, Mode, Model, Objective, Policy, Price,
+    Balancer, FailureMode, KvEvents, KvEventsPort, Mode, Model, Objective, Policy, Price, Rollout,
     ServiceClass, Timeouts,
     policy::{Action, LabelExpr, Rule, TagMatch, WorkloadMatch},
+    rollout::{AssignBy, SLOTS, Split},
 };
 use kinference_proxy_api::inference as api;
 use kinference_routing::ModelPrior;
@@ -78,7 +79,102 @@ pub fn policy(p: &api::InferencePolicy) -> Policy {
                 window: nonzero(b.window.as_ref(), Duration::from_secs(60)),
             })
             .collect(),
+        rollout: p.rollout.as_ref().and_then(|r| match rollout(r) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(
+                    revision = %p.revision,
+                    rollout = %r.name,
+                    reason = e.reason(),
+                    error = %e,
+                    "dropped the policy's rollout; every request is decided under the policy's own rules"
+                );
+                None
+            }
+        }),
     }
+}
+
+/// Why a rollout the controller sent cannot run (the policy is served without it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RolloutError {
+    /// No name: nothing to salt the assignment with or to report under.
+    Unnamed,
+    /// The cohort's and control's shares add up to more than the whole.
+    SharesOverWhole { cohort: u32, control: u32 },
+    /// Assigned by a header that is missing or not a header name.
+    BadHeader,
+    /// An assignment this proxy does not know.
+    UnknownAssignBy(i32),
+}
+
+impl RolloutError {
+    /// The `reason` label of `kinference_proxy_rollout_rejections_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Unnamed => "unnamed",
+            Self::SharesOverWhole { .. } => "shares_over_whole",
+            Self::BadHeader => "bad_header",
+            Self::UnknownAssignBy(_) => "unknown_assign_by",
+        }
+    }
+}
+
+impl std::fmt::Display for RolloutError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unnamed => f.write_str("the rollout has no name"),
+            Self::SharesOverWhole { cohort, control } => write!(
+                f,
+                "cohort ({cohort}) and control ({control}) basis points add up to more than {SLOTS}"
+            ),
+            Self::BadHeader => f.write_str("assigned by HEADER without a valid header name"),
+            Self::UnknownAssignBy(v) => write!(f, "unknown assignBy {v}"),
+        }
+    }
+}
+
+/// A report interval under this is taken as this: a controller's typo must not make every proxy
+/// call it in a tight loop.
+const MIN_REPORT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The domain rollout of a message: its split, and its candidate rules and balancer converted as
+/// the policy's own are.
+pub fn rollout(r: &api::Rollout) -> Result<Rollout, RolloutError> {
+    use api::rollout::AssignBy as A;
+    if r.name.is_empty() {
+        return Err(RolloutError::Unnamed);
+    }
+    let (cohort, control) = (r.cohort_basis_points, r.control_basis_points);
+    if cohort.saturating_add(control) > SLOTS {
+        return Err(RolloutError::SharesOverWhole { cohort, control });
+    }
+    let assign_by = match A::try_from(r.assign_by) {
+        Ok(A::Unspecified | A::Tenant) => AssignBy::Tenant,
+        Ok(A::Workload) => AssignBy::Workload,
+        Ok(A::Request) => AssignBy::Request,
+        Ok(A::Header) => {
+            let name = http::HeaderName::from_bytes(r.header.trim().as_bytes())
+                .map_err(|_| RolloutError::BadHeader)?;
+            AssignBy::Header(name.as_str().to_string())
+        }
+        Err(_) => return Err(RolloutError::UnknownAssignBy(r.assign_by)),
+    };
+    Ok(Rollout {
+        split: Split {
+            name: r.name.clone(),
+            cohort,
+            control,
+            assign_by,
+        },
+        rules: r.candidate_rules.iter().map(rule).collect(),
+        balancer: r
+            .candidate_balancer
+            .as_ref()
+            .map_or_else(Balancer::default, balancer),
+        report_interval: nonzero(r.report_interval.as_ref(), Duration::from_secs(5))
+            .max(MIN_REPORT_INTERVAL),
+    })
 }
 
 /// A duration the controller sent, or `default` when it sent none (or zero: no wait at all is
@@ -284,6 +380,115 @@ mod tests {
                 .map(|m| m.name.as_str()),
             Some("qwen-3.6-27b")
         );
+    }
+
+    fn a_rollout() -> api::Rollout {
+        let own = example_proto();
+        let mut rule = own.rules[0].clone();
+        rule.name = "everything-to-qwen".into();
+        rule.r#match.as_mut().unwrap().tags.clear();
+        api::Rollout {
+            name: "cheaper".into(),
+            cohort_basis_points: 1_000,
+            control_basis_points: 2_000,
+            assign_by: api::rollout::AssignBy::Header as i32,
+            header: "X-User-Id".into(),
+            candidate_rules: vec![rule],
+            candidate_balancer: Some(api::Balancer {
+                mode: api::balancer::Mode::Enforce as i32,
+                ..own.balancer.clone().unwrap()
+            }),
+            report_interval: None,
+        }
+    }
+
+    #[test]
+    fn a_rollout_converts_with_the_policys_own_rule_and_balancer_code() {
+        let mut proto = example_proto();
+        proto.rollout = Some(a_rollout());
+        let p = policy(&proto);
+        let r = p.rollout.clone().expect("the rollout is kept");
+        assert_eq!(r.name(), "cheaper");
+        assert_eq!((r.split.cohort, r.split.control), (1_000, 2_000));
+        // Header names are case-insensitive: kept as `http` spells them.
+        assert_eq!(r.split.assign_by, AssignBy::Header("x-user-id".into()));
+        assert_eq!(r.report_interval, Duration::from_secs(5));
+        assert_eq!(r.rules, vec![rule(&a_rollout().candidate_rules[0])]);
+        assert!(r.rules[0].tags.is_empty());
+        // The policy's own stay its own; the candidate's balancer differs only where it says.
+        assert_eq!(p.rules[0].name, "low-complexity-may-use-qwen");
+        assert_eq!(p.balancer.mode, Mode::Shadow);
+        assert_eq!(r.balancer.mode, Mode::Enforce);
+        assert_eq!(r.balancer.freshness_budget, p.balancer.freshness_budget);
+        // The cohort's policy: the same models and aliases, the candidate's routing.
+        let cohort = p.cohort().unwrap();
+        assert_eq!(cohort.models, p.models);
+        assert_eq!(cohort.aliases, p.aliases);
+        assert_eq!(cohort.rules, r.rules);
+        assert_eq!(cohort.balancer, r.balancer);
+        // Unset assignment is by tenant; an interval is kept, a tiny one raised.
+        let mut unset = a_rollout();
+        unset.assign_by = 0;
+        unset.report_interval = Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 1_000,
+        });
+        let r = rollout(&unset).unwrap();
+        assert_eq!(r.split.assign_by, AssignBy::Tenant);
+        assert_eq!(r.report_interval, MIN_REPORT_INTERVAL);
+        unset.report_interval = Some(prost_types::Duration {
+            seconds: 2,
+            nanos: 0,
+        });
+        assert_eq!(
+            rollout(&unset).unwrap().report_interval,
+            Duration::from_secs(2)
+        );
+        // No rollout: none.
+        assert!(policy(&example_proto()).rollout.is_none());
+        assert!(policy(&example_proto()).cohort().is_none());
+    }
+
+    #[test]
+    fn a_bad_rollout_is_dropped_and_the_policy_still_served() {
+        let bad = |f: fn(&mut api::Rollout)| {
+            let mut r = a_rollout();
+            f(&mut r);
+            let mut proto = example_proto();
+            proto.rollout = Some(r.clone());
+            let p = policy(&proto);
+            assert!(p.rollout.is_none());
+            assert_eq!(p.models.len(), 2, "the policy itself is served");
+            assert_eq!(p.rules.len(), 1);
+            rollout(&r).unwrap_err()
+        };
+        assert_eq!(
+            bad(|r| r.cohort_basis_points = 9_000),
+            RolloutError::SharesOverWhole {
+                cohort: 9_000,
+                control: 2_000
+            }
+        );
+        assert_eq!(
+            bad(|r| {
+                r.cohort_basis_points = u32::MAX;
+                r.control_basis_points = 1;
+            })
+            .reason(),
+            "shares_over_whole"
+        );
+        assert_eq!(bad(|r| r.header.clear()), RolloutError::BadHeader);
+        assert_eq!(
+            bad(|r| r.header = "bad header".into()),
+            RolloutError::BadHeader
+        );
+        assert_eq!(bad(|r| r.name.clear()), RolloutError::Unnamed);
+        assert_eq!(bad(|r| r.assign_by = 9), RolloutError::UnknownAssignBy(9));
+        // The whole is allowed.
+        let mut whole = a_rollout();
+        whole.cohort_basis_points = 5_000;
+        whole.control_basis_points = 5_000;
+        assert!(rollout(&whole).is_ok());
     }
 
     #[test]

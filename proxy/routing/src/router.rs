@@ -411,7 +411,19 @@ impl Router {
 
     /// Decides where `request` should go at `now`. Pure: nothing changes until [`Router::dispatch`].
     pub fn decide(&self, request: &Request<'_>, now: Time, rng: &mut impl Rng) -> Decision {
-        let cfg = &self.config;
+        self.decide_with(&self.config, request, now, rng)
+    }
+
+    /// [`Router::decide`] under other settings than the router's own: a rollout's cohort is
+    /// decided with its candidate balancer's freshness budget and tie window on the same learned
+    /// state as the control group, so both arms see the same endpoints.
+    pub fn decide_with(
+        &self,
+        cfg: &RouterConfig,
+        request: &Request<'_>,
+        now: Time,
+        rng: &mut impl Rng,
+    ) -> Decision {
         let mut candidates = Vec::new();
         let mut excluded = Vec::new();
         let matches = self.approx.lookup(request.prompt_blocks);
@@ -589,7 +601,8 @@ impl Router {
                 } else {
                     Reason::LowestPredictedTtft
                 };
-                if let Some((index, eligible)) = self.affine_choice(&decision, pick.index, request)
+                if let Some((index, eligible)) =
+                    self.affine_choice(cfg, &decision, pick.index, request)
                 {
                     decision.chosen = Some(index);
                     decision.reason = Reason::PrefixAffinity { eligible };
@@ -696,11 +709,11 @@ impl Router {
     /// lowest-cost pick stands).
     fn affine_choice(
         &self,
+        cfg: &RouterConfig,
         decision: &Decision,
         best: usize,
         request: &Request<'_>,
     ) -> Option<(usize, u32)> {
-        let cfg = &self.config;
         if cfg.affinity.slack <= 0.0 {
             return None;
         }
