@@ -33,8 +33,9 @@ pub use self::{
         DEFAULT_SAMPLE_SHARE, DEFAULT_TOLERANCE, Judge, QualityGuard,
     },
     rollout::{
-        ASSIGN_BY, DEFAULT_ROLLOUT_MIN_SAMPLES, DEFAULT_ROLLOUT_WINDOW, Rollout, RolloutCandidate,
-        RolloutState, RolloutThresholds,
+        ASSIGN_BY, DEFAULT_ROLLOUT_MIN_SAMPLES, DEFAULT_ROLLOUT_WINDOW, Rollout, RolloutArmStatus,
+        RolloutCandidate, RolloutPhase, RolloutState, RolloutStatus, RolloutThresholdStatus,
+        RolloutThresholds,
     },
     rule::{PolicyRule, RuleAction, RuleMatch, ServiceClass, TagMatch, WorkloadMatch},
     service_class::ServiceClassPolicy,
@@ -203,6 +204,12 @@ pub struct InferencePolicyStatus {
     /// problem with its field path.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+
+    /// Rollout is what the controller made of `spec.rollout`: its phase (a rolled-back rollout
+    /// is not served again under its name, across restarts), the last verdict, each arm's counts
+    /// and every threshold with how close the cohort is to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
 }
 
 impl InferencePolicySpec {

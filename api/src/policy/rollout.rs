@@ -167,3 +167,111 @@ impl Rollout {
         (percent.clamp(0.0, 100.0) * 100.0).round() as u32
     }
 }
+
+/// Where a rollout stands, as the controller observed it (`status.rollout.phase`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum RolloutPhase {
+    /// The cohort gets the candidate; the arms are being compared.
+    #[default]
+    Running,
+    /// A threshold was crossed: the controller moved the cohort back to the control policy, and
+    /// the rollout is not served again under this name.
+    RolledBack,
+    /// Promoted on request: every request gets the candidate.
+    Promoted,
+    /// Aborted on request: every request gets the current policy.
+    Aborted,
+}
+
+impl RolloutPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "Running",
+            Self::RolledBack => "RolledBack",
+            Self::Promoted => "Promoted",
+            Self::Aborted => "Aborted",
+        }
+    }
+}
+
+/// RolloutStatus is what the controller made of the rollout: its phase, the last verdict, each
+/// arm's counts over the window and every declared threshold with how close the cohort is to it.
+/// A rolled-back rollout keeps the comparisons that rolled it back.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// Name of the rollout this status is about (`spec.rollout.name`): a status naming another
+    /// rollout is stale, and a new name starts fresh.
+    pub name: String,
+
+    /// Phase: Running, RolledBack, Promoted or Aborted.
+    pub phase: RolloutPhase,
+
+    /// Verdict of the last judgement: Insufficient (too few requests in an arm), Hold (no
+    /// threshold crossed) or Rollback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<String>,
+
+    /// Crossed names the threshold that rolled the cohort back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crossed: Option<String>,
+
+    /// Message says what was decided and why, for a person to read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+
+    /// MinSamples each arm needed before a threshold was judged.
+    #[serde(default)]
+    pub min_samples: u64,
+
+    /// Cohort is what the cohort did over the window.
+    #[serde(default)]
+    pub cohort: RolloutArmStatus,
+
+    /// Control is what the control group did over the window.
+    #[serde(default)]
+    pub control: RolloutArmStatus,
+
+    /// Proxies that reported in the window.
+    #[serde(default)]
+    pub proxies: u64,
+
+    /// Thresholds: each declared threshold's comparison (the cohort against control), once both
+    /// arms have the minimum sample.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub thresholds: Vec<RolloutThresholdStatus>,
+}
+
+/// One arm's counts over the window.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutArmStatus {
+    pub requests: u64,
+    pub errors: u64,
+    pub fallbacks: u64,
+    pub timeouts: u64,
+    /// Requests with a first token, in the TTFT histogram.
+    pub ttft_samples: u64,
+    /// What the arm's answered tokens cost, in USD at the declared prices.
+    pub cost_usd: f64,
+    pub tokens: u64,
+}
+
+/// One threshold's comparison: a difference of rates, a ratio of TTFT quantiles, or the
+/// cohort's saturation, with its confidence interval and the declared limit.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutThresholdStatus {
+    /// Threshold: errorRate, fallbackRate, timeoutRate, ttftP90, ttftP99 or saturation.
+    pub threshold: String,
+    pub estimate: f64,
+    /// Low and High bound the confidence interval of the estimate.
+    pub low: f64,
+    pub high: f64,
+    pub limit: f64,
+    /// Closeness of the interval's favourable end to the limit: 0 where the cohort is no worse
+    /// than control, 1 at the limit, above 1 crossed.
+    pub closeness: f64,
+    /// Crossed when the whole interval is past the limit.
+    pub crossed: bool,
+}

@@ -89,6 +89,43 @@ pub struct InferencePolicy {
     pub service_classes: Vec<ServiceClass>,
     pub timeouts: Timeouts,
     pub tenant_budgets: Vec<TenantBudget>,
+    /// A running rollout, when one is served: a promoted rollout's candidate is already in
+    /// `rules` and `balancer`, and an aborted or rolled-back one is `None`.
+    pub rollout: Option<Rollout>,
+}
+
+/// A rollout as served: the split, the candidate routing (the policy's own filled in where the
+/// candidate leaves a part unset), and what the controller judges the arms by.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rollout {
+    pub name: String,
+    /// Shares of the keys, in basis points of 10,000.
+    pub cohort_basis_points: u32,
+    pub control_basis_points: u32,
+    pub assign_by: AssignBy,
+    /// The header keyed by, with [`AssignBy::Header`].
+    pub header: Option<String>,
+    pub candidate_rules: Vec<Rule>,
+    pub candidate_balancer: Balancer,
+    /// How often proxies report the arms.
+    pub report_interval: Duration,
+    /// How far back the arms are compared.
+    pub window: Duration,
+    /// The declared thresholds, with the minimum sample.
+    pub thresholds: crate::rollout::Thresholds,
+}
+
+/// How often proxies report a rollout's arms unless told otherwise.
+pub const DEFAULT_ROLLOUT_REPORT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// What a request's arm is keyed by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AssignBy {
+    #[default]
+    Tenant,
+    Workload,
+    Header,
+    Request,
 }
 
 /// A tenant's token budget per window.

@@ -18,6 +18,13 @@
 //! never a rollback. [`samples_for_rate`] and [`samples_for_quantile`] say how many requests a
 //! cohort needs to detect a given regression, for the docs' "how long must it run".
 //! Pure: no I/O, no clock.
+//!
+//! Around the judgement: [`window`] sums the proxies' per-report deltas into a sliding window
+//! per arm, and [`judge`] runs the judgement over every running rollout and keeps what it
+//! decided, for the status writer, the admin API and the metrics.
+
+pub mod judge;
+pub mod window;
 
 /// The declared limits, each optional; rates are absolute increases over control (0.01 = one
 /// point), quantile regressions are ratios (1.2 = 20% slower).
@@ -92,6 +99,65 @@ impl Histogram {
     pub fn quantile(&self, q: f64) -> Option<f64> {
         self.quantile_of(&self.counts(), q)
     }
+
+    /// A histogram from the wire's parallel lists (`le` bounds, cumulative counts), made
+    /// well-formed: pairs beyond the shorter list dropped, bounds that do not increase dropped,
+    /// counts made non-decreasing, and a `+Inf` bucket holding the total appended when missing.
+    pub fn from_cumulative(bounds: &[f64], counts: &[u64]) -> Self {
+        let mut buckets: Vec<(f64, u64)> = Vec::with_capacity(bounds.len() + 1);
+        for (&le, &c) in bounds.iter().zip(counts) {
+            if le.is_nan() || buckets.last().is_some_and(|&(prev, _)| le <= prev) {
+                continue;
+            }
+            let c = buckets.last().map_or(c, |&(_, prev)| c.max(prev));
+            buckets.push((le, c));
+        }
+        if let Some(&(le, c)) = buckets.last()
+            && le.is_finite()
+        {
+            buckets.push((f64::INFINITY, c));
+        }
+        Self { buckets }
+    }
+
+    /// Adds `other`'s counts bucket by bucket. Histograms with the same bounds (every proxy
+    /// exports the same) add exactly; another's counts are read at each of this one's bounds as
+    /// its cumulative count at its largest bound at or under it (never more than it saw there),
+    /// the `+Inf` bucket taking its total.
+    pub fn add(&mut self, other: &Histogram) {
+        if other.buckets.is_empty() {
+            return;
+        }
+        if self.buckets.is_empty() {
+            self.buckets = other.buckets.clone();
+            return;
+        }
+        let same = self.buckets.len() == other.buckets.len()
+            && self
+                .buckets
+                .iter()
+                .zip(&other.buckets)
+                .all(|(a, b)| a.0 == b.0);
+        if same {
+            for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+                a.1 += b.1;
+            }
+            return;
+        }
+        let total = other.count();
+        for (le, c) in &mut self.buckets {
+            *c += if le.is_infinite() {
+                total
+            } else {
+                other
+                    .buckets
+                    .iter()
+                    .take_while(|b| b.0 <= *le)
+                    .last()
+                    .map_or(0, |b| b.1)
+            };
+        }
+    }
 }
 
 /// What one arm did over the window.
@@ -118,6 +184,20 @@ pub enum Threshold {
 }
 
 impl Threshold {
+    pub const ALL: [Threshold; 6] = [
+        Self::ErrorRate,
+        Self::FallbackRate,
+        Self::TimeoutRate,
+        Self::TtftP90,
+        Self::TtftP99,
+        Self::Saturation,
+    ];
+
+    /// The threshold [`Threshold::as_str`] names.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::ErrorRate => "errorRate",
@@ -145,6 +225,19 @@ impl Comparison {
     /// Crossed when even the interval's favourable end is past the limit.
     pub fn crossed(&self) -> bool {
         self.low > self.limit
+    }
+
+    /// How close the interval's favourable end is to the limit, measured from "no worse than
+    /// control": 0 at no change (a rate difference of 0, a TTFT ratio of 1, an idle endpoint),
+    /// 1 at the limit, above 1 crossed; negative where the cohort does better. A limit of no
+    /// change at all scales by a millionth, so the value stays finite.
+    pub fn closeness(&self) -> f64 {
+        let base = match self.threshold {
+            Threshold::TtftP90 | Threshold::TtftP99 => 1.0,
+            _ => 0.0,
+        };
+        let span = (self.limit - base).max(1e-6);
+        (self.low - base) / span
     }
 }
 

@@ -21,7 +21,12 @@ use gateway_api::apis::standard::httproutes::HttpRoute as HTTPRoute;
 use kinference_api::InferencePolicy;
 use kinference_policy_core::{
     DiscoverEndpoints, DiscoverInferencePolicy, DiscoverOutboundPolicy, InferencePolicyState,
-    OutboundPolicy, ParentTarget, PoolEndpoints, PoolRef, inference::Rejection,
+    OutboundPolicy, ParentTarget, PoolEndpoints, PoolRef,
+    inference::Rejection,
+    rollout::{
+        judge::{Declared, RolloutIndex},
+        window::RolloutKey,
+    },
 };
 use parking_lot::RwLock;
 use std::{
@@ -288,6 +293,11 @@ impl Index {
                 if let Some(old) = s.policies.remove(&id) {
                     s.unindex_policy(&id, &old, &mut affected);
                 }
+                // A rollout with a new name (or none) starts fresh.
+                let declared = r.spec.rollout.as_ref().map(|ro| &ro.name);
+                if s.rolled_back.get(&id).is_some_and(|n| Some(n) != declared) {
+                    s.rolled_back.remove(&id);
+                }
                 s.index_policy(&id, &r, &mut affected);
                 s.policies.insert(id, *r);
             }
@@ -353,6 +363,7 @@ impl Index {
             ResourceKind::InferencePolicy => match s.policies.remove(&id) {
                 Some(old) => {
                     s.unindex_policy(&id, &old, &mut affected);
+                    s.rolled_back.remove(&id);
                     // Deleting a policy is deliberate: none of its versions is served again.
                     self.last_good.forget_policy(&id);
                     true
@@ -445,6 +456,58 @@ impl Index {
             }
         }
         self.publish(affected);
+    }
+
+    /// Stops serving `key`'s rollout (the controller crossed one of its thresholds): the
+    /// policy's parents are served it without the rollout from now on, and a rollout of that
+    /// name is not served again while the policy declares it.
+    pub fn roll_back(&mut self, key: &RolloutKey) {
+        let id = key.policy_key();
+        let declares = self
+            .store
+            .policies
+            .get(&id)
+            .and_then(|p| p.spec.rollout.as_ref())
+            .is_some_and(|r| r.name == key.rollout);
+        if !declares || self.store.rolled_back.get(&id) == Some(&key.rollout) {
+            return;
+        }
+        self.store
+            .rolled_back
+            .insert(id.clone(), key.rollout.clone());
+        let mut affected = Affected::default();
+        let parents = self.targets_by_policy.get(&id).into_iter().flatten();
+        affected.targets.extend(parents.cloned());
+        self.publish(affected);
+    }
+
+    /// Every rollout a valid InferencePolicy declares, for the controller's rollout loop: its
+    /// declared state, whether the controller rolled it back, what the policy's status records
+    /// of it and its thresholds.
+    pub fn declared_rollouts(&self) -> Vec<Declared> {
+        let s = &self.store;
+        s.policies
+            .iter()
+            .filter_map(|(id, p)| {
+                let r = p.spec.rollout.as_ref()?;
+                if !inference::validations_of(s, id, p).is_valid() {
+                    return None;
+                }
+                let persisted = p
+                    .status
+                    .as_ref()
+                    .and_then(|st| st.rollout.as_ref())
+                    .filter(|st| st.name == r.name)
+                    .map(crate::rollout::outcome_of);
+                Some(Declared {
+                    key: RolloutKey::new(&id.0, &id.1, &r.name),
+                    state: crate::rollout::declared_state(r.state),
+                    rolled_back: s.rolled_back(id, p),
+                    persisted,
+                    thresholds: crate::rollout::thresholds(r),
+                })
+            })
+            .collect()
     }
 
     /// Every rejection standing now, by the rejected resource: validations of the policies
@@ -786,6 +849,16 @@ impl DiscoverInferencePolicy for SharedIndex {
             policy,
         );
         Some(rx)
+    }
+}
+
+impl RolloutIndex for SharedIndex {
+    fn declared(&self) -> Vec<Declared> {
+        self.0.read().declared_rollouts()
+    }
+
+    fn roll_back(&self, key: &RolloutKey) {
+        self.0.write().roll_back(key);
     }
 }
 

@@ -166,6 +166,15 @@ pub(crate) fn validations(store: &Store) -> BTreeMap<NsName, PolicyValidation> {
         .collect()
 }
 
+/// One policy's validation and translation, as the index would serve it.
+pub(crate) fn validations_of(
+    store: &Store,
+    id: &NsName,
+    resource: &PolicyResource,
+) -> PolicyValidation {
+    validate(store, id, resource).0
+}
+
 /// Validates and, when valid, translates one policy.
 fn validate(
     store: &Store,
@@ -215,6 +224,7 @@ fn validate(
         resource,
         classifier,
         &pool_settings,
+        store.rolled_back(id, resource),
     ) {
         Ok(policy) => (validation, Some(policy), Some(source)),
         Err(message) => {
@@ -358,44 +368,21 @@ pub(crate) fn pool_settings(pool: &InferencePool) -> PoolSettings {
 }
 
 /// Translates a validated policy. Errors here are ones validation should have caught.
-/// `pools` gives the settings of a pool of the policy's namespace, by name.
+/// `pools` gives the settings of a pool of the policy's namespace, by name; `rolled_back` says
+/// the controller rolled the declared rollout back (it is then not served).
 pub(crate) fn translate(
     parent: ResourceRef,
     source: ResourceRef,
     resource: &PolicyResource,
     classifier: Option<&InferenceClassifier>,
     pools: &dyn Fn(&str) -> PoolSettings,
+    rolled_back: bool,
 ) -> Result<InferencePolicy, String> {
     let ns = &source.namespace.clone();
     let spec = &resource.spec;
-    let balancer = Balancer {
-        freshness_budget: spec
-            .balancer
-            .freshness_budget
-            .parse()
-            .map_err(|e| format!("spec.balancer.freshnessBudget: {e}"))?,
-        failure_mode: match spec.balancer.failure_mode {
-            FailureMode::FailOpen => core::FailureMode::FailOpen,
-            FailureMode::FailClose => core::FailureMode::FailClose,
-        },
-        tie_window: spec
-            .balancer
-            .tie_window
-            .parse()
-            .map_err(|e| format!("spec.balancer.tieWindow: {e}"))?,
-        mode: match spec.balancer.mode {
-            BalancerMode::Enforce => core::BalancerMode::Enforce,
-            BalancerMode::Shadow => core::BalancerMode::Shadow,
-        },
-        objective: match spec.balancer.objective {
-            api::Objective::LowestTtft => core::Objective::LowestTtft,
-            api::Objective::CheapestWithinSlo => core::Objective::CheapestWithinSlo,
-        },
-        prefer_cheaper_within: spec
-            .balancer
-            .prefer_cheaper_within()
-            .map_err(|e| format!("spec.balancer.preferCheaperWithin: {e}"))?,
-    };
+    let balancer = balancer(&spec.balancer, "spec.balancer")?;
+    let rules: Vec<Rule> = spec.rules.iter().map(rule).collect();
+    let (rules, balancer, rollout) = crate::rollout::served(spec, rules, balancer, rolled_back)?;
     let service_classes = spec
         .service_classes
         .iter()
@@ -461,7 +448,7 @@ pub(crate) fn translate(
                 target: a.target.clone(),
             })
             .collect(),
-        rules: spec.rules.iter().map(rule).collect(),
+        rules,
         classifiers,
         balancer,
         service_classes,
@@ -478,6 +465,36 @@ pub(crate) fn translate(
                     .unwrap_or(kinference_api::policy::DEFAULT_BUDGET_WINDOW),
             })
             .collect(),
+        rollout,
+    })
+}
+
+/// A declared balancer, its durations parsed; `field` prefixes an error.
+pub(crate) fn balancer(b: &api::Balancer, field: &str) -> Result<Balancer, String> {
+    Ok(Balancer {
+        freshness_budget: b
+            .freshness_budget
+            .parse()
+            .map_err(|e| format!("{field}.freshnessBudget: {e}"))?,
+        failure_mode: match b.failure_mode {
+            FailureMode::FailOpen => core::FailureMode::FailOpen,
+            FailureMode::FailClose => core::FailureMode::FailClose,
+        },
+        tie_window: b
+            .tie_window
+            .parse()
+            .map_err(|e| format!("{field}.tieWindow: {e}"))?,
+        mode: match b.mode {
+            BalancerMode::Enforce => core::BalancerMode::Enforce,
+            BalancerMode::Shadow => core::BalancerMode::Shadow,
+        },
+        objective: match b.objective {
+            api::Objective::LowestTtft => core::Objective::LowestTtft,
+            api::Objective::CheapestWithinSlo => core::Objective::CheapestWithinSlo,
+        },
+        prefer_cheaper_within: b
+            .prefer_cheaper_within()
+            .map_err(|e| format!("{field}.preferCheaperWithin: {e}"))?,
     })
 }
 
@@ -510,7 +527,7 @@ fn model(ns: &str, m: &api::Model, pool: PoolSettings) -> Model {
     }
 }
 
-fn rule(r: &api::PolicyRule) -> Rule {
+pub(crate) fn rule(r: &api::PolicyRule) -> Rule {
     Rule {
         name: r.name.clone(),
         match_models: r.r#match.models.clone(),

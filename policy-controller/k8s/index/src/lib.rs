@@ -15,6 +15,7 @@ mod inference;
 mod last_good;
 mod outbound;
 pub mod resource;
+pub mod rollout;
 mod store;
 
 pub use self::{

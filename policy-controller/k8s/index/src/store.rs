@@ -38,6 +38,9 @@ pub(crate) struct Store {
     /// good policy that uses them, so that its models keep their endpoints (`crate::last_good`).
     /// Only endpoints read them: to validation and routes the pools are gone.
     pub retained_pools: BTreeMap<NsName, InferencePool>,
+    /// The rollout each policy had rolled back by the controller in this process, by name (the
+    /// policy's `status.rollout` says so across restarts, in Kubernetes).
+    pub rolled_back: BTreeMap<NsName, String>,
 }
 
 impl Store {
@@ -53,6 +56,23 @@ impl Store {
             ResourceKind::InferencePolicy => self.policies.contains_key(&id),
             ResourceKind::InferenceClassifier => self.classifiers.contains_key(&id),
         }
+    }
+
+    /// Whether the controller rolled back `policy`'s declared rollout: in this process, or as its
+    /// status records.
+    pub fn rolled_back(&self, id: &NsName, policy: &InferencePolicy) -> bool {
+        let Some(rollout) = &policy.spec.rollout else {
+            return false;
+        };
+        self.rolled_back.get(id) == Some(&rollout.name)
+            || policy
+                .status
+                .as_ref()
+                .and_then(|s| s.rollout.as_ref())
+                .is_some_and(|s| {
+                    s.name == rollout.name
+                        && s.phase == kinference_api::policy::RolloutPhase::RolledBack
+                })
     }
 
     /// The pool whose endpoints `id` names: the pool, or the last version of a deleted one that a

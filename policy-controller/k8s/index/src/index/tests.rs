@@ -994,3 +994,4 @@ fn pool_kv_event_annotations_reach_the_policy_and_republish_it() {
 }
 
 mod last_good;
+mod rollout;
