@@ -19,6 +19,7 @@ pub mod program;
 #[cfg(feature = "binary")]
 pub mod prometheus;
 pub mod reaper;
+pub mod relay;
 pub mod stack;
 pub mod vllm;
 

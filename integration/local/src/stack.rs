@@ -254,6 +254,10 @@ fn start_vllm(
 pub struct Controller {
     pub grpc: SocketAddr,
     pub admin: SocketAddr,
+    /// Where its engine-signals service listens (`--signals-addr`), when it runs one.
+    pub signals: Option<SocketAddr>,
+    /// The flags it was started with beyond the manifests and addresses.
+    pub extra: Vec<String>,
     pub proc: Proc,
 }
 
@@ -266,24 +270,29 @@ pub fn spawn_controller(
     admin: SocketAddr,
     quiet: bool,
 ) -> anyhow::Result<Controller> {
-    spawn_controller_to(program, manifests, grpc, admin, &Stderr::quiet(quiet))
+    spawn_controller_to(program, manifests, grpc, admin, &[], &Stderr::quiet(quiet))
 }
 
-/// As [`spawn_controller`], with its log (stderr) sent where `stderr` says.
+/// As [`spawn_controller`], with `extra` flags (e.g. `--signals-addr 127.0.0.1:0`) and its log
+/// (stderr) sent where `stderr` says.
 pub fn spawn_controller_to(
     program: &Program,
     manifests: &Path,
     grpc: SocketAddr,
     admin: SocketAddr,
+    extra: &[String],
     stderr: &Stderr,
 ) -> anyhow::Result<Controller> {
     let mut cmd = program.command()?;
-    cmd.arg("--manifests").arg(manifests).args([
-        "--grpc-addr",
-        &grpc.to_string(),
-        "--admin-addr",
-        &admin.to_string(),
-    ]);
+    cmd.arg("--manifests")
+        .arg(manifests)
+        .args([
+            "--grpc-addr",
+            &grpc.to_string(),
+            "--admin-addr",
+            &admin.to_string(),
+        ])
+        .args(extra);
     let (proc, line) = Proc::spawn_to(
         "controller",
         cmd,
@@ -291,9 +300,15 @@ pub fn spawn_controller_to(
         Duration::from_secs(60),
         stderr,
     )?;
+    let signals = line
+        .contains(" signals=")
+        .then(|| addr_field(&line, "signals"))
+        .transpose()?;
     Ok(Controller {
         grpc: addr_field(&line, "grpc")?,
         admin: addr_field(&line, "admin")?,
+        signals,
+        extra: extra.to_vec(),
         proc,
     })
 }
@@ -401,6 +416,9 @@ pub struct StackOptions {
     pub time_scale: f64,
     pub sim_args: Vec<String>,
     pub proxy_args: Vec<String>,
+    /// The controller's flags beyond the manifests and addresses, e.g. `--signals-addr
+    /// 127.0.0.1:0` to serve engine signals.
+    pub controller_args: Vec<String>,
     /// Replicas publish KV events and the pools are annotated for them (the default).
     pub kv_events: bool,
     /// Children's logs are discarded when set (unless `log_dir` is).
@@ -425,6 +443,7 @@ impl Default for StackOptions {
             time_scale: 1.0,
             sim_args: vec![],
             proxy_args: vec![],
+            controller_args: vec![],
             kv_events: true,
             quiet: true,
             log_dir: None,
@@ -516,6 +535,7 @@ impl Stack {
             manifests.path(),
             opts.addrs.controller_grpc,
             opts.addrs.controller_admin,
+            &opts.controller_args,
             &stderr("controller"),
         )?;
         let mut proxy_args = vec![
@@ -561,9 +581,13 @@ impl Stack {
             .unwrap_or_default()
     }
 
-    /// Restarts the controller on the same addresses.
+    /// Restarts the controller on the same addresses (its signal service's too) and flags.
     pub fn restart_controller(&mut self, down_for: Duration) -> anyhow::Result<()> {
         let (grpc, admin) = (self.controller.grpc, self.controller.admin);
+        let mut extra = self.controller.extra.clone();
+        if let Some(signals) = self.controller.signals {
+            set_flag(&mut extra, "--signals-addr", &signals.to_string());
+        }
         self.controller.proc.kill();
         std::thread::sleep(down_for);
         let stderr = match &self.log_dir {
@@ -575,15 +599,45 @@ impl Stack {
             self.manifests.path(),
             grpc,
             admin,
+            &extra,
             &stderr,
         )?;
         Ok(())
     }
 }
 
+/// Sets `flag`'s value in `args` (`--flag value` or `--flag=value`), appending it when absent.
+fn set_flag(args: &mut Vec<String>, flag: &str, value: &str) {
+    if let Some(i) = args.iter().position(|a| a == flag) {
+        match args.get_mut(i + 1) {
+            Some(v) => *v = value.to_string(),
+            None => args.push(value.to_string()),
+        }
+    } else if let Some(a) = args.iter_mut().find(|a| a.starts_with(&format!("{flag}="))) {
+        *a = format!("{flag}={value}");
+    } else {
+        args.extend([flag.to_string(), value.to_string()]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restart_keeps_the_flags_and_pins_the_bound_address() {
+        let mut a: Vec<String> = ["--signals-addr", "127.0.0.1:0", "--x", "1"]
+            .map(String::from)
+            .to_vec();
+        set_flag(&mut a, "--signals-addr", "127.0.0.1:9");
+        assert_eq!(a, ["--signals-addr", "127.0.0.1:9", "--x", "1"]);
+        let mut b = vec!["--signals-addr=127.0.0.1:0".to_string()];
+        set_flag(&mut b, "--signals-addr", "127.0.0.1:9");
+        assert_eq!(b, ["--signals-addr=127.0.0.1:9"]);
+        let mut c = vec![];
+        set_flag(&mut c, "--signals-addr", "127.0.0.1:9");
+        assert_eq!(c, ["--signals-addr", "127.0.0.1:9"]);
+    }
 
     #[test]
     fn a_port_pair_is_free_when_probed() {

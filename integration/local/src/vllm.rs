@@ -359,12 +359,12 @@ pub fn port_pair() -> anyhow::Result<u16> {
         bail!("no two free consecutive ports");
     }
     let span = (high - LOW) / 2;
-    // Different processes (nextest runs each test in its own) start at different places.
-    let seed = std::process::id().wrapping_mul(2_654_435_761)
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
+    // Different processes (nextest runs each test in its own) start at different places: std's
+    // hasher keys are random per process.
+    let seed = {
+        use std::hash::BuildHasher as _;
+        std::collections::hash_map::RandomState::new().hash_one(std::process::id()) as u32
+    };
     for _ in 0..span.min(2_000) {
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let p = LOW + 2 * (seed.wrapping_add(n.wrapping_mul(7_919)) % span);
@@ -423,7 +423,10 @@ mod tests {
         let low = ephemeral_low().unwrap_or(32_768);
         let pairs: Vec<u16> = (0..4).map(|_| port_pair().unwrap()).collect();
         for p in &pairs {
-            assert!(u32::from(*p) + 1 < low, "{p} is in the ephemeral range from {low}");
+            assert!(
+                u32::from(*p) + 1 < low,
+                "{p} is in the ephemeral range from {low}"
+            );
             assert!(pair_free(*p), "{p} or its successor is taken");
         }
         let mut distinct = pairs.clone();

@@ -1,0 +1,297 @@
+//! The engine-signal service over real processes (issue 21, docs/signals.md): simulated vLLM
+//! replicas that count every `/metrics` and `/load` read (`GET /sim/state`), the controller
+//! serving `EngineSignals` (`--signals-addr`), and a mesh of proxy processes.
+//!
+//! - Without the service each proxy reads every engine itself, so an engine's reads grow with the
+//!   mesh; with it the controller reads each engine once and the reads stay where one proxy puts
+//!   them, whatever the mesh's size.
+//! - When the service is killed, partitioned or too slow, every proxy falls back to reading the
+//!   engines itself (bounded by `--signals-fallback-interval-ms`), every request is still answered,
+//!   and every proxy returns to the service when it is back.
+//!
+//! The mesh is 16 proxies (`KINFERENCE_SIGNALS_MESH` sets another size, for the benchmark in
+//! docs/signals.md). Rates are compared with margins of several times, never timed exactly: the
+//! machine is shared.
+
+#[path = "support/client.rs"]
+mod client;
+
+use client::ProxyClient;
+use kinference_local::{
+    Programs, Proxy, Stack, StackOptions,
+    poll::wait_until,
+    relay::{Mode, Relay},
+    stack::spawn_proxy,
+};
+use serde_json::{Value, json};
+use std::{net::SocketAddr, path::Path, time::Duration};
+use tokio::time::Instant;
+
+const PROXY: &str = env!("CARGO_BIN_EXE_kinference-proxy");
+/// The proxies' own read interval (`--scrape-interval-ms`): the default.
+const SCRAPE_MS: u64 = 100;
+/// Their reads while the service is down (`--signals-fallback-interval-ms`): the default.
+const FALLBACK_MS: u64 = 200;
+/// How long the stream may be silent (`--signals-stale-ms`): the default.
+const STALE_MS: u64 = 500;
+/// The controller reads each engine this often (`--signals-interval-ms`).
+const SERVICE_MS: u64 = 50;
+
+fn mesh_size() -> usize {
+    std::env::var("KINFERENCE_SIGNALS_MESH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16)
+}
+
+async fn start_stack() -> Stack {
+    let opts = StackOptions {
+        replicas: vec![("glm-5.3".into(), 1), ("qwen-3.6-27b".into(), 1)],
+        controller_args: vec![
+            "--signals-addr".into(),
+            "127.0.0.1:0".into(),
+            "--signals-interval-ms".into(),
+            SERVICE_MS.to_string(),
+        ],
+        ..StackOptions::default()
+    };
+    let mut stack = tokio::task::spawn_blocking(move || {
+        Stack::start(&Programs::with_proxy(Path::new(PROXY)), &opts, &|_| {})
+    })
+    .await
+    .unwrap()
+    .expect("the local stack starts");
+    // The stack's own proxy reads the engines itself; the meshes below are measured alone.
+    stack.proxy.proc.kill();
+    stack
+}
+
+/// Starts `n` proxies side by side; `signals` is the service's address, if they use one.
+async fn spawn_mesh(
+    stack: &Stack,
+    n: usize,
+    signals: Option<SocketAddr>,
+) -> Vec<(Proxy, ProxyClient)> {
+    let mut extra = vec![];
+    if let Some(addr) = signals {
+        extra = vec!["--signals-addr".into(), format!("http://{addr}")];
+    }
+    let starts: Vec<_> = (0..n)
+        .map(|_| {
+            let (program, grpc, extra) = (
+                stack.programs.proxy.clone(),
+                stack.controller.grpc,
+                extra.clone(),
+            );
+            tokio::task::spawn_blocking(move || spawn_proxy(&program, grpc, &extra, true))
+        })
+        .collect();
+    let mut mesh = Vec::new();
+    for s in starts {
+        let proxy = s.await.unwrap().expect("a proxy starts");
+        let client = ProxyClient::of(&proxy);
+        mesh.push((proxy, client));
+    }
+    for (_, c) in &mesh {
+        c.wait_ready().await;
+    }
+    mesh
+}
+
+/// Every endpoint a proxy knows, with where its signals come from.
+async fn sources(c: &ProxyClient) -> Vec<(String, String)> {
+    c.endpoints()
+        .await
+        .iter()
+        .map(|e| {
+            let s = e["signals_source"].as_str().unwrap_or_default().to_string();
+            (e["endpoint"].as_str().unwrap_or_default().to_string(), s)
+        })
+        .collect()
+}
+
+/// Waits until every proxy of `mesh` has every one of the `endpoints` from `source`.
+async fn wait_for_source(
+    mesh: &[(Proxy, ProxyClient)],
+    endpoints: usize,
+    source: &str,
+    within: Duration,
+) {
+    for (i, (_, c)) in mesh.iter().enumerate() {
+        wait_until(
+            &format!("proxy {i} reads all {endpoints} endpoints from {source}"),
+            within,
+            || async {
+                let s = sources(c).await;
+                (s.len() == endpoints && s.iter().all(|(_, src)| src == source)).then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+/// Each replica's signal reads so far (`/metrics` plus `/load`).
+async fn reads(http: &reqwest::Client, stack: &Stack) -> Vec<u64> {
+    let mut out = Vec::new();
+    for sim in &stack.sims {
+        let state: Value = http
+            .get(format!("http://{}/sim/state", sim.addr))
+            .send()
+            .await
+            .expect("the simulator answers")
+            .json()
+            .await
+            .expect("/sim/state is JSON");
+        let r = &state["signal_reads"];
+        out.push(r["metrics"].as_u64().unwrap() + r["load"].as_u64().unwrap());
+    }
+    out
+}
+
+/// Each replica's reads per second over `over`.
+async fn read_rates(http: &reqwest::Client, stack: &Stack, over: Duration) -> Vec<f64> {
+    let (before, t0) = (reads(http, stack).await, Instant::now());
+    tokio::time::sleep(over).await;
+    let (after, secs) = (reads(http, stack).await, t0.elapsed().as_secs_f64());
+    before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| (a - b) as f64 / secs)
+        .collect()
+}
+
+fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
+}
+
+/// One short chat completion through each proxy; every one must be answered 200.
+async fn answered_by_all(mesh: &[(Proxy, ProxyClient)], round: &str) {
+    let body = json!({"model": "glm-5.3", "messages": [{"role": "user", "content": "Hi! What is 2+2?"}], "max_tokens": 4});
+    let sends = mesh.iter().enumerate().map(|(i, (_, c))| {
+        let body = body.clone();
+        async move {
+            let rsp = c.post_chat(&body, &format!("{round}-{i}")).await;
+            let status = rsp.status().as_u16();
+            let text = rsp.text().await.unwrap_or_default();
+            (i, status, text)
+        }
+    });
+    for (i, status, text) in futures::future::join_all(sends).await {
+        assert_eq!(status, 200, "{round}: proxy {i} answered {status}: {text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_engines_reads_do_not_grow_with_the_mesh() {
+    let n = mesh_size();
+    let stack = start_stack().await;
+    let signals = stack
+        .controller
+        .signals
+        .expect("the controller serves signals");
+    let endpoints = stack.sims.len();
+    let http = reqwest::Client::new();
+    let over = Duration::from_secs(3);
+
+    // Without the service: each proxy reads each engine every SCRAPE_MS, twice (/metrics, /load).
+    let plain = spawn_mesh(&stack, n, None).await;
+    wait_for_source(&plain, endpoints, "engine", Duration::from_secs(30)).await;
+    answered_by_all(&plain, "plain").await;
+    let plain_rate = read_rates(&http, &stack, over).await;
+    drop(plain);
+
+    // With it: the controller reads each engine every SERVICE_MS, whatever the mesh.
+    let mut mesh = spawn_mesh(&stack, 1, Some(signals)).await;
+    wait_for_source(&mesh, endpoints, "service", Duration::from_secs(30)).await;
+    let one_rate = read_rates(&http, &stack, over).await;
+    mesh.extend(spawn_mesh(&stack, n - 1, Some(signals)).await);
+    wait_for_source(&mesh, endpoints, "service", Duration::from_secs(30)).await;
+    answered_by_all(&mesh, "service").await;
+    let mesh_rate = read_rates(&http, &stack, over).await;
+
+    eprintln!(
+        "reads/s at each engine: {n} proxies without the service {plain_rate:.0?}, \
+         1 proxy with it {one_rate:.0?}, {n} proxies with it {mesh_rate:.0?}"
+    );
+    let service_nominal = 2.0 * 1000.0 / SERVICE_MS as f64;
+    let plain_nominal = n as f64 * 2.0 * 1000.0 / SCRAPE_MS as f64;
+    for (i, ((p, one), m)) in plain_rate.iter().zip(&one_rate).zip(&mesh_rate).enumerate() {
+        // The service's reads do not depend on how many proxies watch.
+        assert!(
+            *m <= 1.5 * service_nominal && *one <= 1.5 * service_nominal,
+            "engine {i}: {one:.0} and {m:.0} reads/s with the service, nominal {service_nominal:.0}"
+        );
+        assert!(*m > 0.0, "engine {i}: the service does not read it");
+        // Without it, they grow with the mesh (a loaded machine slows the timers, hence the margin).
+        assert!(
+            *p >= plain_nominal / 4.0 && *p >= 4.0 * m,
+            "engine {i}: {p:.0} reads/s from {n} proxies alone (nominal {plain_nominal:.0}) \
+             against {m:.0} through the service"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_mesh_survives_the_service_killed_partitioned_and_slow() {
+    let n = mesh_size();
+    let mut stack = start_stack().await;
+    let signals = stack
+        .controller
+        .signals
+        .expect("the controller serves signals");
+    let endpoints = stack.sims.len();
+    let http = reqwest::Client::new();
+    // The proxies reach the service through a relay the test can partition and slow.
+    let relay = Relay::start(signals).await.unwrap();
+    let mesh = spawn_mesh(&stack, n, Some(relay.addr)).await;
+    wait_for_source(&mesh, endpoints, "service", Duration::from_secs(30)).await;
+    answered_by_all(&mesh, "before").await;
+    // Within the bound the fallback keeps: each proxy reads each engine every FALLBACK_MS.
+    let fallback_bound = 1.5 * n as f64 * 2.0 * 1000.0 / FALLBACK_MS as f64;
+    let back_within = Duration::from_secs(30);
+    let fall_within = Duration::from_millis(STALE_MS * 20);
+
+    // Killed: the stream ends; the proxies read the engines themselves, and every request is
+    // answered (the policy is cached too: the controller is the discovery server as well).
+    stack.controller.proc.kill();
+    wait_for_source(&mesh, endpoints, "engine", fall_within).await;
+    answered_by_all(&mesh, "killed").await;
+    let killed_rate = read_rates(&http, &stack, Duration::from_secs(2)).await;
+    assert!(
+        max(&killed_rate) <= fallback_bound,
+        "{killed_rate:.0?} reads/s in fallback, bound {fallback_bound:.0}"
+    );
+    let reason = mesh[0].1.endpoints().await[0]["signals_fallback_reason"].clone();
+    assert!(reason.is_string(), "a fallback says why: {reason}");
+    // Restarted on the same addresses: back to the service.
+    let s = &mut stack;
+    tokio::task::block_in_place(|| s.restart_controller(Duration::ZERO)).expect("it restarts");
+    assert_eq!(stack.controller.signals, Some(signals));
+    wait_for_source(&mesh, endpoints, "service", back_within).await;
+    answered_by_all(&mesh, "restarted").await;
+
+    // Partitioned: no FIN, no RST, the stream just goes silent.
+    relay.set(Mode::Partitioned);
+    wait_for_source(&mesh, endpoints, "engine", fall_within).await;
+    answered_by_all(&mesh, "partitioned").await;
+    let partitioned_rate = read_rates(&http, &stack, Duration::from_secs(2)).await;
+    assert!(
+        max(&partitioned_rate) <= fallback_bound,
+        "{partitioned_rate:.0?} reads/s in fallback, bound {fallback_bound:.0}"
+    );
+    relay.set(Mode::Open);
+    wait_for_source(&mesh, endpoints, "service", back_within).await;
+
+    // Slow within the staleness budget: still the service.
+    relay.set(Mode::Delayed(Duration::from_millis(STALE_MS / 10)));
+    tokio::time::sleep(Duration::from_millis(STALE_MS * 4)).await;
+    wait_for_source(&mesh, endpoints, "service", Duration::from_secs(5)).await;
+    answered_by_all(&mesh, "slow").await;
+    // Slower than the budget: readings that old are not trusted; the proxies fall back.
+    relay.set(Mode::Delayed(Duration::from_millis(STALE_MS * 3)));
+    wait_for_source(&mesh, endpoints, "engine", fall_within).await;
+    answered_by_all(&mesh, "too slow").await;
+    relay.set(Mode::Open);
+    wait_for_source(&mesh, endpoints, "service", back_within).await;
+    answered_by_all(&mesh, "after").await;
+}
