@@ -396,7 +396,7 @@ mod tests {
             candidate_rules: vec![rule],
             candidate_balancer: Some(api::Balancer {
                 mode: api::balancer::Mode::Enforce as i32,
-                ..own.balancer.clone().unwrap()
+                ..own.balancer.unwrap()
             }),
             report_interval: None,
         }

@@ -17,6 +17,7 @@ mod health;
 mod policy;
 pub mod refusal;
 mod report;
+pub mod rollout;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 
@@ -24,6 +25,7 @@ pub use self::backends::{inference_backends, outbound_backends};
 pub use self::backoff::Backoff;
 pub use self::refusal::{Refusal, Refusals};
 pub use self::report::GuardMeasurements;
+pub use self::rollout::{ArmOutcome, RolloutLedger};
 pub use kinference_proxy_api::inference::InferencePolicy;
 
 use linkerd2_proxy_api::outbound::OutboundPolicy;
@@ -72,6 +74,27 @@ impl Discovery {
             self.channel.clone(),
             self.config.clone(),
             measurements,
+        ))
+    }
+}
+
+impl Discovery {
+    /// Reports the arms of the watched policy's rollout to the controller every report interval,
+    /// and once more when the rollout leaves the policy (see [`rollout`]), as `proxy`, with the
+    /// deltas the request path adds to `ledger`; `on_result` hears what became of each report.
+    pub fn report_rollouts(
+        &self,
+        ledger: Arc<RolloutLedger>,
+        proxy: String,
+        on_result: rollout::OnResult,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(rollout::run(
+            self.channel.clone(),
+            self.config.clone(),
+            self.inference.clone(),
+            ledger,
+            proxy,
+            on_result,
         ))
     }
 }

@@ -365,3 +365,122 @@ async fn guard_measurements_are_reported_to_the_controller_as_they_change() {
     let target = last.target.as_ref().unwrap();
     assert_eq!(target.source_workload, config(server.addr).workload);
 }
+
+/// The sums of every report received for `rollout`: (cohort, control) requests.
+fn reported(
+    reports: &[kinference_proxy_api::inference::RolloutReport],
+    rollout: &str,
+) -> (u64, u64) {
+    let arm = |r: &kinference_proxy_api::inference::RolloutReport, cohort: bool| {
+        let a = if cohort { &r.cohort } else { &r.control };
+        a.as_ref().map_or(0, |a| a.requests)
+    };
+    reports
+        .iter()
+        .filter(|r| r.rollout == rollout)
+        .fold((0, 0), |(c, k), r| (c + arm(r, true), k + arm(r, false)))
+}
+
+#[tokio::test]
+async fn rollout_reports_carry_each_arms_deltas_survive_a_failed_send_and_end_with_the_rollout() {
+    use kinference_decision::rollout::Arm;
+    use kinference_proxy_api::inference as inf;
+    use kinference_proxy_discovery::{ArmOutcome, RolloutLedger};
+    let script = Script::new();
+    let mut policy = inference_policy("1", &[("glm-5.3", GLM)]);
+    policy.rollout = Some(inf::Rollout {
+        name: "cheaper".into(),
+        cohort_basis_points: 1_000,
+        control_basis_points: 1_000,
+        report_interval: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 200_000_000,
+        }),
+        ..Default::default()
+    });
+    script.inference.send_replace(Some(policy.clone()));
+    let server = Server::start(script.clone(), "127.0.0.1:0".parse().unwrap());
+    let addr = server.addr;
+    let d = spawn(config(addr));
+    let ledger = Arc::new(RolloutLedger::new(&[0.1, 1.0]));
+    let results: Arc<std::sync::Mutex<Vec<&'static str>>> = Arc::default();
+    let seen = results.clone();
+    let _reporter = d.report_rollouts(
+        ledger.clone(),
+        "default/web-0".into(),
+        Arc::new(move |r| seen.lock().unwrap().push(r)),
+    );
+    let ok = ArmOutcome {
+        ttft_s: Some(0.05),
+        tokens: 10,
+        ..ArmOutcome::default()
+    };
+    for _ in 0..3 {
+        ledger.record("cheaper", Arm::Cohort, &ok);
+    }
+    ledger.record("cheaper", Arm::Control, &ok);
+    ledger.record(
+        "cheaper",
+        Arm::Control,
+        &ArmOutcome {
+            error: true,
+            ..ArmOutcome::default()
+        },
+    );
+    ledger.record("cheaper", Arm::Rest, &ok);
+    let mut reports = script.rollout_reports.subscribe();
+    wait_for(&mut reports, "the first arms' report", |r| {
+        reported(r, "cheaper") == (3, 2)
+    })
+    .await;
+    {
+        let all = script.rollout_reports.borrow();
+        let r = all
+            .iter()
+            .find(|r| r.cohort.as_ref().unwrap().requests > 0)
+            .unwrap();
+        assert_eq!(
+            (r.proxy.as_str(), r.revision.as_str()),
+            ("default/web-0", "1")
+        );
+        assert_eq!(r.target.as_ref().unwrap().source_workload, "apps/web");
+        let cohort = r.cohort.as_ref().unwrap();
+        assert_eq!(cohort.ttft_bounds_s, vec![0.1, 1.0, f64::INFINITY]);
+        assert_eq!(cohort.ttft_counts, vec![3, 3, 3]);
+        assert_eq!(cohort.tokens, 30);
+        assert_eq!(r.control.as_ref().unwrap().errors, 1);
+        let interval = r.interval.unwrap();
+        assert!(interval.seconds > 0 || interval.nanos > 0, "{interval:?}");
+    }
+    // The controller is away: the delta is kept and goes with the first report that arrives.
+    server.kill();
+    ledger.record("cheaper", Arm::Cohort, &ok);
+    let failed = || results.lock().unwrap().contains(&"failed");
+    kinference_local::poll::wait_until("a failed report", Duration::from_secs(20), || async {
+        failed().then_some(())
+    })
+    .await;
+    let server = Server::start(script.clone(), addr);
+    wait_for(&mut reports, "the held delta", |r| {
+        reported(r, "cheaper") == (4, 2)
+    })
+    .await;
+    // The rollout leaves the policy: one last report, then none.
+    ledger.record("cheaper", Arm::Control, &ok);
+    policy.rollout = None;
+    policy.revision = "2".into();
+    script.inference.send_replace(Some(policy));
+    wait_for(&mut reports, "the last report", |r| {
+        reported(r, "cheaper") == (4, 3)
+    })
+    .await;
+    let count = script.rollout_reports.borrow().len();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        script.rollout_reports.borrow().len(),
+        count,
+        "no report after the last"
+    );
+    assert!(!results.lock().unwrap().contains(&"dropped"));
+    drop(server);
+}
