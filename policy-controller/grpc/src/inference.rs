@@ -16,6 +16,11 @@ use kinference_policy_core::{
     ResourceRef,
     guard::{GuardEntry, GuardReports, GuardState},
     inference::{self as core, BalancerMode, ClassifierKind, FailureMode},
+    rollout::{
+        Histogram,
+        judge::Rollouts,
+        window::{ArmTotals, Recorded, Report, RolloutKey},
+    },
 };
 use kinference_proxy_api::inference::{
     self as api, classifier, inference_policies_server, inference_target, rule,
@@ -32,6 +37,7 @@ pub struct InferencePolicyServer<D> {
     cluster_domain: std::sync::Arc<str>,
     callers: Callers,
     guards: std::sync::Arc<GuardReports>,
+    rollouts: std::sync::Arc<Rollouts>,
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
@@ -47,7 +53,14 @@ where
             cluster_domain: kinference_policy_core::target::CLUSTER_DOMAIN.into(),
             callers: Callers::Claimed,
             guards: Default::default(),
+            rollouts: Default::default(),
         }
+    }
+
+    /// Where the proxies' rollout reports go (the rollout loop judges them).
+    pub fn with_rollouts(mut self, rollouts: std::sync::Arc<Rollouts>) -> Self {
+        self.rollouts = rollouts;
+        self
     }
 
     /// Where the proxies' quality-guard reports go (the status writer and admin read them).
@@ -177,10 +190,88 @@ where
 
     async fn report_rollout(
         &self,
-        _req: tonic::Request<api::RolloutReport>,
+        req: tonic::Request<api::RolloutReport>,
     ) -> Result<tonic::Response<api::RolloutReportAck>, tonic::Status> {
-        // Rollouts are not served yet (`rollout` is never set), so no proxy reports one.
-        Err(tonic::Status::unimplemented("rollouts are not served yet"))
+        let Some(target) = req.get_ref().target.clone() else {
+            return Err(tonic::Status::invalid_argument(
+                "a rollout report names its target",
+            ));
+        };
+        let workload = source_workload(
+            &req,
+            self.callers,
+            &target.source_workload,
+            API,
+            &self.metrics,
+        )?;
+        let parent = self.target(&target)?;
+        let rx = self
+            .discover
+            .watch_inference_policy(&parent)
+            .ok_or_else(|| tonic::Status::not_found(parent.authority_in(&self.cluster_domain)))?;
+        // What is served now: a report for another rollout, or one no longer served (rolled
+        // back, promoted, renamed), is acknowledged and not counted.
+        let served = rx.borrow().policy().map(|p| {
+            (
+                p.source.clone(),
+                p.revision.clone(),
+                p.rollout
+                    .as_ref()
+                    .map(|r| (r.name.clone(), r.window, r.report_interval)),
+            )
+        });
+        let Some((source, revision, rollout)) = served else {
+            return Err(tonic::Status::failed_precondition(
+                "no inference policy is served for the target",
+            ));
+        };
+        let remote = req.remote_addr();
+        let report = req.into_inner();
+        let Some((name, window, interval)) = rollout.filter(|r| r.0 == report.rollout) else {
+            tracing::debug!(rollout = %report.rollout, policy = %source.name, "a report for a rollout not served: not counted");
+            return Ok(tonic::Response::new(api::RolloutReportAck {}));
+        };
+        // One window entry per proxy: its own id, else the workload at its address.
+        let proxy = match (report.proxy.is_empty(), remote) {
+            (false, _) => report.proxy.clone(),
+            (true, Some(addr)) => format!("{workload}@{}", addr.ip()),
+            (true, None) => workload,
+        };
+        let key = RolloutKey::new(&source.namespace, &source.name, &name);
+        let recorded = self.rollouts.report(
+            key,
+            &revision,
+            window,
+            interval,
+            Report {
+                proxy,
+                revision: report.revision.clone(),
+                cohort: report.cohort.as_ref().map(arm_totals).unwrap_or_default(),
+                control: report.control.as_ref().map(arm_totals).unwrap_or_default(),
+            },
+        );
+        if recorded == Recorded::OtherRevision {
+            tracing::debug!(rollout = %name, revision = %report.revision, served = %revision, "a report made under another revision: not counted");
+        }
+        Ok(tonic::Response::new(api::RolloutReportAck {}))
+    }
+}
+
+/// One arm's deltas off the wire.
+fn arm_totals(a: &api::ArmReport) -> ArmTotals {
+    ArmTotals {
+        requests: a.requests,
+        errors: a.errors,
+        fallbacks: a.fallbacks,
+        timeouts: a.timeouts,
+        ttft: Histogram::from_cumulative(&a.ttft_bounds_s, &a.ttft_counts),
+        saturation: if a.saturation.is_finite() {
+            a.saturation.clamp(0.0, 1.0)
+        } else {
+            0.0
+        },
+        cost_usd: a.cost_usd,
+        tokens: a.tokens,
     }
 }
 
@@ -265,7 +356,7 @@ fn policy_to_proto(p: &core::InferencePolicy) -> api::InferencePolicy {
         rules: p.rules.iter().map(rule_to_proto).collect(),
         classifiers: p.classifiers.iter().map(classifier_to_proto).collect(),
         balancer: Some(balancer(&p.balancer)),
-        rollout: None,
+        rollout: p.rollout.as_ref().map(rollout_to_proto),
         status: Some(api::Status {
             kind: api::status::Kind::Served.into(),
             message: String::new(),
@@ -300,6 +391,26 @@ fn policy_to_proto(p: &core::InferencePolicy) -> api::InferencePolicy {
                 window: prost_types::Duration::try_from(b.window).ok(),
             })
             .collect(),
+    }
+}
+
+fn rollout_to_proto(r: &core::Rollout) -> api::Rollout {
+    use api::rollout::AssignBy;
+    api::Rollout {
+        name: r.name.clone(),
+        cohort_basis_points: r.cohort_basis_points,
+        control_basis_points: r.control_basis_points,
+        assign_by: match r.assign_by {
+            core::AssignBy::Tenant => AssignBy::Tenant,
+            core::AssignBy::Workload => AssignBy::Workload,
+            core::AssignBy::Header => AssignBy::Header,
+            core::AssignBy::Request => AssignBy::Request,
+        }
+        .into(),
+        header: r.header.clone().unwrap_or_default(),
+        candidate_rules: r.candidate_rules.iter().map(rule_to_proto).collect(),
+        candidate_balancer: Some(balancer(&r.candidate_balancer)),
+        report_interval: prost_types::Duration::try_from(r.report_interval).ok(),
     }
 }
 
@@ -639,6 +750,7 @@ mod tests {
                 request: Duration::from_secs(300),
             },
             tenant_budgets: vec![],
+            rollout: None,
         };
         let p = to_proto(&InferencePolicyState::Served(Box::new(policy)));
         assert_eq!(p.status.as_ref().unwrap().kind(), api::status::Kind::Served);
@@ -719,5 +831,191 @@ mod tests {
         );
         assert_eq!(b.failure_mode(), api::balancer::FailureMode::FailClose);
         assert_eq!(b.mode(), api::balancer::Mode::Shadow);
+    }
+
+    fn rollout_policy(rollout: Option<core::Rollout>) -> core::InferencePolicy {
+        core::InferencePolicy {
+            parent: parent(),
+            source: ResourceRef::new("policy.kinference.io", "InferencePolicy", "default", "llm"),
+            classifier_sources: vec![],
+            revision: "r1".into(),
+            models: vec![],
+            aliases: vec![],
+            rules: vec![],
+            classifiers: vec![],
+            balancer: Balancer::default(),
+            service_classes: vec![],
+            timeouts: core::Timeouts {
+                first_byte_multiple: 3,
+                first_byte_floor: Duration::from_secs(5),
+                first_byte_cap: Duration::from_secs(60),
+                stream_idle: Duration::from_secs(20),
+                request: Duration::from_secs(300),
+            },
+            tenant_budgets: vec![],
+            rollout,
+        }
+    }
+
+    fn spread() -> core::Rollout {
+        core::Rollout {
+            name: "spread".into(),
+            cohort_basis_points: 1000,
+            control_basis_points: 1250,
+            assign_by: core::AssignBy::Header,
+            header: Some("x-user".into()),
+            candidate_rules: vec![Rule {
+                name: "all-to-qwen".into(),
+                action: RuleAction {
+                    rewrite_to: Some("qwen".into()),
+                    ..RuleAction::default()
+                },
+                ..Rule::default()
+            }],
+            candidate_balancer: Balancer {
+                failure_mode: FailureMode::FailClose,
+                ..Balancer::default()
+            },
+            report_interval: Duration::from_secs(5),
+            window: Duration::from_secs(60),
+            thresholds: kinference_policy_core::rollout::Thresholds::default(),
+        }
+    }
+
+    #[test]
+    fn a_running_rollout_is_encoded_and_none_is_unset() {
+        let p = to_proto(&InferencePolicyState::Served(Box::new(rollout_policy(
+            Some(spread()),
+        ))));
+        let r = p.rollout.expect("the rollout travels");
+        assert_eq!(r.name, "spread");
+        assert_eq!(
+            (r.cohort_basis_points, r.control_basis_points),
+            (1000, 1250)
+        );
+        assert_eq!(r.assign_by(), api::rollout::AssignBy::Header);
+        assert_eq!(r.header, "x-user");
+        assert_eq!(r.candidate_rules[0].name, "all-to-qwen");
+        assert_eq!(
+            r.candidate_rules[0].action.as_ref().unwrap().rewrite_to,
+            "qwen"
+        );
+        assert_eq!(
+            r.candidate_balancer.unwrap().failure_mode(),
+            api::balancer::FailureMode::FailClose
+        );
+        assert_eq!(r.report_interval.map(|d| d.seconds), Some(5));
+        let p = to_proto(&InferencePolicyState::Served(Box::new(rollout_policy(
+            None,
+        ))));
+        assert_eq!(p.rollout, None);
+    }
+
+    /// A discovery double serving one policy to every target.
+    #[derive(Clone)]
+    struct One(tokio::sync::watch::Sender<InferencePolicyState>);
+
+    impl DiscoverInferencePolicy for One {
+        fn watch_inference_policy(
+            &self,
+            _: &ParentTarget,
+        ) -> Option<tokio::sync::watch::Receiver<InferencePolicyState>> {
+            Some(self.0.subscribe())
+        }
+    }
+
+    impl DiscoverOutboundPolicy for One {
+        fn watch_outbound_policy(
+            &self,
+            _: &ParentTarget,
+        ) -> Option<tokio::sync::watch::Receiver<kinference_policy_core::OutboundPolicy>> {
+            None
+        }
+        fn lookup_ip(&self, _: std::net::IpAddr, _: u16) -> Option<ParentTarget> {
+            None
+        }
+    }
+
+    fn arm(requests: u64, errors: u64, counts: [u64; 3]) -> api::ArmReport {
+        api::ArmReport {
+            requests,
+            errors,
+            fallbacks: 1,
+            timeouts: 0,
+            ttft_bounds_s: vec![0.1, 0.5, f64::INFINITY],
+            ttft_counts: counts.to_vec(),
+            saturation: 0.4,
+            cost_usd: 0.01,
+            tokens: requests * 100,
+        }
+    }
+
+    fn report(proxy: &str, revision: &str, rollout: &str, cohort: u64) -> api::RolloutReport {
+        api::RolloutReport {
+            target: Some(api::InferenceTarget {
+                source_workload: "default:app".into(),
+                target: Some(inference_target::Target::Authority(
+                    "llm.default.svc.cluster.local:8000".into(),
+                )),
+            }),
+            revision: revision.into(),
+            rollout: rollout.into(),
+            proxy: proxy.into(),
+            cohort: Some(arm(cohort, 2, [cohort / 2, cohort, cohort])),
+            control: Some(arm(20, 0, [10, 20, 20])),
+            interval: Some(prost_types::Duration {
+                seconds: 5,
+                nanos: 0,
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn rollout_reports_are_summed_over_proxies_for_the_served_rollout_only() {
+        use inference_policies_server::InferencePolicies as _;
+        let (tx, _) = tokio::sync::watch::channel(InferencePolicyState::Served(Box::new(
+            rollout_policy(Some(spread())),
+        )));
+        let rollouts = std::sync::Arc::new(Rollouts::default());
+        let server = InferencePolicyServer::new(One(tx.clone()), GrpcMetrics::default())
+            .with_rollouts(rollouts.clone());
+        for r in [
+            report("proxy-a", "r1", "spread", 10),
+            report("proxy-b", "r1", "spread", 30),
+            // Another revision, another rollout: acknowledged, not counted.
+            report("proxy-c", "r0", "spread", 1000),
+            report("proxy-c", "r1", "older", 1000),
+        ] {
+            server
+                .report_rollout(tonic::Request::new(r))
+                .await
+                .expect("acknowledged");
+        }
+        let key = RolloutKey::new("default", "llm", "spread");
+        let sum = rollouts.window(&key).expect("a window");
+        assert_eq!((sum.cohort.requests, sum.control.requests), (40, 40));
+        assert_eq!((sum.cohort.errors, sum.cohort.fallbacks), (4, 2));
+        assert_eq!(sum.cohort.tokens, 4000);
+        assert_eq!(sum.proxies, 2);
+        assert_eq!(
+            sum.cohort.ttft.buckets,
+            vec![(0.1, 20), (0.5, 40), (f64::INFINITY, 40)]
+        );
+        assert!((sum.cohort.saturation - 0.4).abs() < 1e-9);
+        // Rolled back: the policy is served without it, and a late report is not counted.
+        tx.send_replace(InferencePolicyState::Served(Box::new(rollout_policy(None))));
+        server
+            .report_rollout(tonic::Request::new(report("proxy-a", "r1", "spread", 50)))
+            .await
+            .expect("acknowledged");
+        assert_eq!(rollouts.window(&key).unwrap().cohort.requests, 40);
+        // A report without a target is refused.
+        let mut bad = report("proxy-a", "r1", "spread", 1);
+        bad.target = None;
+        let err = server
+            .report_rollout(tonic::Request::new(bad))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
     }
 }

@@ -47,6 +47,8 @@ pub struct Config {
     pub cluster_domain: String,
     /// Where `InferencePolicies.ReportGuards` puts the proxies' quality-guard reports.
     pub guards: Arc<kinference_policy_core::guard::GuardReports>,
+    /// Where `InferencePolicies.ReportRollout` puts the proxies' rollout reports.
+    pub rollouts: Arc<kinference_policy_core::rollout::judge::Rollouts>,
 }
 
 impl Default for Config {
@@ -54,6 +56,7 @@ impl Default for Config {
         Self {
             cluster_domain: kinference_policy_core::target::CLUSTER_DOMAIN.to_string(),
             guards: Arc::default(),
+            rollouts: Arc::default(),
         }
     }
 }
@@ -130,6 +133,7 @@ fn router<D: Discover>(
             inference::InferencePolicyServer::new(discover, metrics)
                 .with_cluster_domain(domain)
                 .with_guard_reports(config.guards)
+                .with_rollouts(config.rollouts)
                 .with_callers(callers)
                 .svc(),
         )

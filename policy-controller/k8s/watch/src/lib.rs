@@ -34,6 +34,8 @@ pub struct Config {
     pub clock: Arc<dyn Clock>,
     /// The proxies' quality-guard reports (the gRPC server fills it), written into status.
     pub guards: Arc<kinference_policy_core::guard::GuardReports>,
+    /// The rollout loop's outcomes, written into status.
+    pub rollouts: Arc<kinference_policy_core::rollout::judge::Rollouts>,
 }
 
 impl Config {
@@ -45,6 +47,7 @@ impl Config {
             backoff: Backoff::default(),
             clock: Arc::new(SystemClock),
             guards: Arc::default(),
+            rollouts: Arc::default(),
         }
     }
 }
@@ -118,7 +121,14 @@ pub async fn run_with_sync(
         elector.run().await;
         "leader election"
     });
-    let writer = StatusWriter::new(client, index, inputs, config.clock, config.guards);
+    let writer = StatusWriter::with_rollouts(
+        client,
+        index,
+        inputs,
+        config.clock,
+        config.guards,
+        config.rollouts,
+    );
     tasks.spawn(async move {
         writer.run(leader).await;
         "status writer"

@@ -16,7 +16,10 @@ mod compute;
 
 use crate::lease::Clock;
 use kinference_api::{InferencePolicy, InferencePool};
-use kinference_policy_core::guard::{GuardCondition, GuardReports};
+use kinference_policy_core::{
+    guard::{GuardCondition, GuardReports},
+    rollout::judge::{Outcome, Phase, Rollouts},
+};
 use kinference_policy_k8s_index::{Resource, ResourceKey, ResourceKind, SharedIndex};
 use kube::{
     Api, Client, Resource as _,
@@ -96,6 +99,11 @@ pub struct StatusWriter {
     /// Each policy's `QualityGuard` condition status as last written, to publish an Event when
     /// it changes.
     guard_states: HashMap<ResourceKey, &'static str>,
+    /// The rollout loop's outcomes, written as each policy's `status.rollout` and `Rollout`
+    /// condition.
+    rollouts: Arc<Rollouts>,
+    /// Rollbacks this replica wrote while another led, by policy and rollout name.
+    rollbacks_written: std::collections::HashSet<(ResourceKey, String)>,
     events: Recorder,
 }
 
@@ -116,6 +124,18 @@ impl StatusWriter {
         clock: Arc<dyn Clock>,
         guards: Arc<GuardReports>,
     ) -> Self {
+        Self::with_rollouts(client, index, inputs, clock, guards, Arc::default())
+    }
+
+    /// As [`StatusWriter::new`], writing the rollout loop's outcomes too.
+    pub fn with_rollouts(
+        client: Client,
+        index: SharedIndex,
+        inputs: Arc<Inputs>,
+        clock: Arc<dyn Clock>,
+        guards: Arc<GuardReports>,
+        rollouts: Arc<Rollouts>,
+    ) -> Self {
         let events = Recorder::new(
             client.clone(),
             Reporter {
@@ -132,6 +152,8 @@ impl StatusWriter {
             retry: Duration::from_secs(1),
             guards,
             guard_states: HashMap::new(),
+            rollouts,
+            rollbacks_written: Default::default(),
             events,
         }
     }
@@ -140,16 +162,18 @@ impl StatusWriter {
     pub async fn run(mut self, mut leader: watch::Receiver<bool>) {
         loop {
             let leads = *leader.borrow_and_update();
-            let mut failed = false;
-            if leads {
-                failed = !self.reconcile(&leader).await;
+            let failed = if leads {
+                !self.reconcile(&leader).await
             } else {
                 // Another replica may write meanwhile: trust nothing remembered.
                 self.written.clear();
-            }
+                // This replica's own rollbacks must hold whoever leads.
+                !self.write_rollbacks().await
+            };
             tokio::select! {
                 _ = self.inputs.changed.notified() => {}
                 _ = self.guards.changed.notified() => {}
+                _ = self.rollouts.changed.notified() => {}
                 res = leader.changed() => if res.is_err() { return },
                 _ = tokio::time::sleep(self.retry), if failed => {}
             }
@@ -169,7 +193,14 @@ impl StatusWriter {
                 Some((id.clone(), self.guards.condition(&id)?))
             })
             .collect();
-        let desired = desired_statuses(&objects, &index_errors, &guards, self.clock.now());
+        let rollouts = self.rollouts.published();
+        let desired = desired_statuses(
+            &objects,
+            &index_errors,
+            &guards,
+            &rollouts,
+            self.clock.now(),
+        );
         let mut ok = true;
         for d in desired {
             if let Some((rv, status)) = self.written.get(&d.key)
@@ -187,6 +218,7 @@ impl StatusWriter {
                     if d.key.kind == ResourceKind::InferencePolicy {
                         let id = (d.key.namespace.clone(), d.key.name.clone());
                         self.guard_event(&d.key, &objects, guards.get(&id)).await;
+                        self.rollout_event(&d.key, &objects, &d.patch).await;
                     }
                     self.written
                         .insert(d.key.clone(), (d.resource_version.clone(), d.comparable));
@@ -245,6 +277,116 @@ impl StatusWriter {
         } else if warning {
             tracing::warn!(resource = %key, message = %g.message, "a quality guard suspended a rule");
         }
+    }
+
+    /// Publishes an Event on the policy when its `status.rollout` phase changes to RolledBack
+    /// (a Warning naming the threshold, the estimate, the interval and the limit), Promoted or
+    /// Aborted. The phase before is the object's, so a rewrite of the same phase, by this
+    /// replica or a new leader, publishes nothing.
+    async fn rollout_event(
+        &self,
+        key: &ResourceKey,
+        objects: &BTreeMap<ResourceKey, Resource>,
+        patch: &Value,
+    ) {
+        let Some(Resource::InferencePolicy(p)) = objects.get(key) else {
+            return;
+        };
+        let Ok(Some(next)) = serde_json::from_value::<Option<kinference_api::policy::RolloutStatus>>(
+            patch["status"]["rollout"].clone(),
+        ) else {
+            return;
+        };
+        let before = p.status.as_ref().and_then(|s| s.rollout.as_ref());
+        if before.is_some_and(|b| b.name == next.name && b.phase == next.phase) {
+            return;
+        }
+        self.publish_rollout_event(key, p, &next).await;
+    }
+
+    async fn publish_rollout_event(
+        &self,
+        key: &ResourceKey,
+        p: &InferencePolicy,
+        next: &kinference_api::policy::RolloutStatus,
+    ) {
+        use kinference_api::policy::RolloutPhase;
+        let (type_, reason) = match next.phase {
+            RolloutPhase::RolledBack => (EventType::Warning, "RolloutRolledBack"),
+            RolloutPhase::Promoted => (EventType::Normal, "RolloutPromoted"),
+            RolloutPhase::Aborted => (EventType::Normal, "RolloutAborted"),
+            RolloutPhase::Running => return,
+        };
+        let note = format!(
+            "rollout {}: {}",
+            next.name,
+            next.message.as_deref().unwrap_or(next.phase.as_str())
+        );
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Rollout".into(),
+            secondary: None,
+        };
+        if let Err(error) = self.events.publish(&ev, &p.object_ref(&())).await {
+            tracing::warn!(resource = %key, %error, "publishing a rollout event failed");
+        } else if next.phase == RolloutPhase::RolledBack {
+            tracing::warn!(resource = %key, rollout = %next.name, message = ?next.message, "a rollout was rolled back");
+        }
+    }
+
+    /// While another replica leads: writes `status.rollout` of each rollout this replica rolled
+    /// back that the object does not record yet (only that field, so the leader's conditions
+    /// stay; the leader reads the rollback back and adds the condition). Returns false when a
+    /// write failed.
+    async fn write_rollbacks(&mut self) -> bool {
+        let objects = self.inputs.snapshot();
+        let mut ok = true;
+        let outcomes: Vec<((String, String), Outcome)> = self
+            .rollouts
+            .published()
+            .into_iter()
+            .filter(|(_, o)| o.phase == Phase::RolledBack)
+            .collect();
+        for ((ns, name), o) in outcomes {
+            let key = ResourceKey {
+                kind: ResourceKind::InferencePolicy,
+                namespace: ns.clone(),
+                name: name.clone(),
+            };
+            let Some(Resource::InferencePolicy(p)) = objects.get(&key) else {
+                continue;
+            };
+            let recorded = p
+                .status
+                .as_ref()
+                .and_then(|s| s.rollout.as_ref())
+                .is_some_and(|s| {
+                    s.name == o.name && s.phase == kinference_api::policy::RolloutPhase::RolledBack
+                });
+            let done = (key.clone(), o.name.clone());
+            if recorded || self.rollbacks_written.contains(&done) {
+                continue;
+            }
+            let status = kinference_policy_k8s_index::rollout::status_of(&o);
+            let patch = serde_json::json!({ "status": { "rollout": status } });
+            let res = Api::<InferencePolicy>::namespaced(self.client.clone(), &ns)
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+            match res {
+                Ok(_) => {
+                    tracing::info!(resource = %key, rollout = %o.name, "rollback written while another replica leads");
+                    self.publish_rollout_event(&key, p, &status).await;
+                    self.rollbacks_written.insert(done);
+                }
+                Err(error) => {
+                    ok = false;
+                    tracing::warn!(resource = %key, %error, "writing a rollback failed");
+                }
+            }
+        }
+        ok
     }
 
     async fn patch(&self, d: &Desired) -> Result<(), kube::Error> {

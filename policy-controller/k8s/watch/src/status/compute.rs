@@ -9,10 +9,15 @@ use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::jiff::Timestamp;
 use kinference_api::{
     InferenceClassifier, InferencePolicy, InferencePool, ValidationError,
-    policy::{CONDITION_ACCEPTED, CONDITION_RESOLVED_REFS},
+    policy::{
+        CONDITION_ACCEPTED, CONDITION_RESOLVED_REFS, CONDITION_ROLLOUT, RolloutPhase, RolloutStatus,
+    },
     validate::ErrorKind,
 };
-use kinference_policy_core::guard::GuardCondition;
+use kinference_policy_core::{
+    guard::GuardCondition,
+    rollout::judge::{Outcome, VerdictKind},
+};
 use kinference_policy_k8s_index::{Resource, ResourceKey, ResourceKind, index::PolicyValidation};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,6 +45,7 @@ pub fn desired_statuses(
     objects: &BTreeMap<ResourceKey, Resource>,
     index_errors: &BTreeMap<NsName, String>,
     guards: &BTreeMap<NsName, GuardCondition>,
+    rollouts: &BTreeMap<NsName, Outcome>,
     now: Timestamp,
 ) -> Vec<Desired> {
     let mut out = Vec::new();
@@ -47,7 +53,11 @@ pub fn desired_statuses(
         let desired = match res {
             Resource::InferencePolicy(p) => {
                 let id = (key.namespace.clone(), key.name.clone());
-                policy(key, p, objects, index_errors.get(&id), guards.get(&id), now)
+                let reports = Reports {
+                    guard: guards.get(&id),
+                    rollout: rollouts.get(&id),
+                };
+                policy(key, p, objects, index_errors.get(&id), reports, now)
             }
             Resource::InferencePool(p) => pool(key, p, objects, now),
             Resource::HttpRoute(r) => route(key, r, objects, now),
@@ -103,9 +113,11 @@ fn with_times(conditions: Vec<Value>, existing: Option<&Value>, now: Timestamp) 
         .collect()
 }
 
-/// A copy of `v` without `lastTransitionTime`s, and without null fields.
+/// A copy of `v` without `lastTransitionTime`s, and without null fields; numbers compared as
+/// floats (the API server may give `1.0` back as `1`).
 fn comparable(v: &Value) -> Value {
     match v {
+        Value::Number(n) => n.as_f64().map_or_else(|| v.clone(), |f| json!(f)),
         Value::Object(map) => Value::Object(
             map.iter()
                 .filter(|(k, v)| *k != "lastTransitionTime" && !v.is_null())
@@ -146,14 +158,56 @@ fn exists(
     })
 }
 
+/// What the proxies' reports made of a policy: its guards' condition, its rollout's outcome.
+#[derive(Clone, Copy, Debug, Default)]
+struct Reports<'a> {
+    guard: Option<&'a GuardCondition>,
+    rollout: Option<&'a Outcome>,
+}
+
+/// The policy's `status.rollout` and `Rollout` condition: the rollout loop's outcome for the
+/// declared rollout, else (before the loop has judged it, or on a replica that has no reports)
+/// what the status already says of that rollout. A status about another name is dropped.
+fn rollout_status(p: &InferencePolicy, outcome: Option<&Outcome>) -> Option<RolloutStatus> {
+    let declared = p.spec.rollout.as_ref()?;
+    match outcome.filter(|o| o.name == declared.name) {
+        Some(o) => Some(kinference_policy_k8s_index::rollout::status_of(o)),
+        None => p
+            .status
+            .as_ref()
+            .and_then(|s| s.rollout.clone())
+            .filter(|s| s.name == declared.name),
+    }
+}
+
+fn rollout_condition(s: &RolloutStatus, generation: Option<i64>) -> Value {
+    let (status, reason) = match s.phase {
+        RolloutPhase::RolledBack => ("False", "ThresholdCrossed"),
+        RolloutPhase::Aborted => ("False", "Aborted"),
+        RolloutPhase::Promoted => ("True", "Promoted"),
+        RolloutPhase::Running if s.verdict.as_deref() == Some(VerdictKind::Hold.as_str()) => {
+            ("True", "WithinThresholds")
+        }
+        RolloutPhase::Running => ("Unknown", "Measuring"),
+    };
+    let message = match &s.message {
+        Some(m) => format!("rollout {}: {m}", s.name),
+        None => format!("rollout {}: waiting for the proxies' reports", s.name),
+    };
+    let mut c = condition(CONDITION_ROLLOUT, true, reason, &message, generation);
+    c["status"] = json!(status);
+    c
+}
+
 fn policy(
     key: &ResourceKey,
     p: &InferencePolicy,
     objects: &BTreeMap<ResourceKey, Resource>,
     index_error: Option<&String>,
-    guard: Option<&GuardCondition>,
+    reports: Reports<'_>,
     now: Timestamp,
 ) -> Option<Desired> {
+    let guard = reports.guard;
     let ns = key.namespace.as_str();
     let generation = p.metadata.generation;
     let classifiers: Vec<InferenceClassifier> = in_namespace(objects, ns, |r| match r {
@@ -267,9 +321,17 @@ fn policy(
         c["status"] = json!(g.status);
         wanted.push(c);
     }
+    let rollout = rollout_status(p, reports.rollout);
+    if let Some(r) = &rollout {
+        wanted.push(rollout_condition(r, generation));
+    }
     let conditions = with_times(wanted, existing.as_ref(), now);
-    let status = json!({ "conditions": conditions });
-    let existing_status = json!({ "conditions": existing.unwrap_or_else(|| json!([])) });
+    // `rollout: null` removes a status about a rollout the spec no longer declares.
+    let status = json!({ "conditions": conditions, "rollout": rollout });
+    let existing_status = json!({
+        "conditions": existing.unwrap_or_else(|| json!([])),
+        "rollout": p.status.as_ref().and_then(|s| s.rollout.as_ref()),
+    });
     finish(key, &p.metadata, status, &existing_status, false)
 }
 
@@ -499,6 +561,7 @@ mod tests {
             objects,
             &BTreeMap::new(),
             &BTreeMap::new(),
+            &BTreeMap::new(),
             Timestamp::UNIX_EPOCH,
         )
         .into_iter()
@@ -552,6 +615,117 @@ mod tests {
         assert_eq!(
             policy_condition(&objects, "Accepted")["reason"],
             "ClassifierNotFound"
+        );
+    }
+
+    #[test]
+    fn a_rollout_outcome_is_written_as_status_and_a_condition_and_kept_until_renamed() {
+        use kinference_api::policy::{InferencePolicyStatus, Rollout};
+        use kinference_policy_core::rollout::{
+            Comparison, Threshold,
+            judge::{Outcome, Phase, VerdictKind},
+        };
+        let mut objects = examples();
+        let key = objects
+            .keys()
+            .find(|k| k.kind == ResourceKind::InferencePolicy)
+            .cloned()
+            .unwrap();
+        let id = (key.namespace.clone(), key.name.clone());
+        let set = |objects: &mut BTreeMap<ResourceKey, Resource>,
+                   f: &dyn Fn(&mut InferencePolicy)| {
+            if let Some(Resource::InferencePolicy(p)) = objects.get_mut(&key) {
+                f(p);
+            }
+        };
+        set(&mut objects, &|p| {
+            p.spec.rollout = Some(Rollout {
+                name: "spread".into(),
+                ..Rollout::default()
+            });
+        });
+        let crossed = Comparison {
+            threshold: Threshold::ErrorRate,
+            estimate: 0.3,
+            low: 0.25,
+            high: 0.35,
+            limit: 0.02,
+        };
+        let outcome = Outcome {
+            name: "spread".into(),
+            phase: Phase::RolledBack,
+            verdict: Some(VerdictKind::Rollback),
+            crossed: Some(crossed),
+            comparisons: vec![crossed],
+            message: "rolled back: errorRate 0.3000 (interval 0.2500 to 0.3500, limit 0.0200)"
+                .into(),
+            ..Outcome::default()
+        };
+        let desired = |objects: &BTreeMap<ResourceKey, Resource>, o: Option<&Outcome>| {
+            let rollouts: BTreeMap<_, _> = o.map(|o| (id.clone(), o.clone())).into_iter().collect();
+            desired_statuses(
+                objects,
+                &BTreeMap::new(),
+                &BTreeMap::new(),
+                &rollouts,
+                Timestamp::UNIX_EPOCH,
+            )
+            .into_iter()
+            .find(|d| d.key == key)
+        };
+        let d = desired(&objects, Some(&outcome)).unwrap();
+        let status = &d.patch["status"];
+        assert_eq!(status["rollout"]["phase"], "RolledBack");
+        assert_eq!(status["rollout"]["crossed"], "errorRate");
+        assert_eq!(status["rollout"]["thresholds"][0]["limit"], 0.02);
+        let c = status["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Rollout")
+            .unwrap();
+        assert_eq!(
+            (&c["status"], &c["reason"]),
+            (&json!("False"), &json!("ThresholdCrossed"))
+        );
+        assert!(c["message"].as_str().unwrap().contains("errorRate 0.3000"));
+
+        // Written (and read back, whole numbers as the API server may give them): nothing to
+        // write, even before the loop has judged again (a restart).
+        let written: InferencePolicyStatus = serde_json::from_value(status.clone()).unwrap();
+        set(&mut objects, &|p| p.status = Some(written.clone()));
+        assert_eq!(desired(&objects, Some(&outcome)), None);
+        assert_eq!(desired(&objects, None), None, "kept without an outcome");
+        let mut whole = status.clone();
+        whole["rollout"]["cohort"]["costUsd"] = json!(0);
+        let written: InferencePolicyStatus = serde_json::from_value(whole).unwrap();
+        set(&mut objects, &|p| p.status = Some(written.clone()));
+        assert_eq!(desired(&objects, Some(&outcome)), None);
+
+        // Renamed: the old status goes, and the new rollout is measuring.
+        set(&mut objects, &|p| {
+            p.spec.rollout.as_mut().unwrap().name = "spread-2".into()
+        });
+        let d = desired(&objects, None).unwrap();
+        assert!(d.patch["status"]["rollout"].is_null(), "{}", d.patch);
+        let fresh = Outcome {
+            name: "spread-2".into(),
+            verdict: Some(VerdictKind::Insufficient),
+            message: "measuring".into(),
+            ..Outcome::default()
+        };
+        let d = desired(&objects, Some(&fresh)).unwrap();
+        assert_eq!(d.patch["status"]["rollout"]["phase"], "Running");
+        let c = d.patch["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Rollout")
+            .unwrap()
+            .clone();
+        assert_eq!(
+            (&c["status"], &c["reason"]),
+            (&json!("Unknown"), &json!("Measuring"))
         );
     }
 }

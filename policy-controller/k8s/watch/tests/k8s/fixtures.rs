@@ -152,6 +152,7 @@ pub fn config(identity: &str, clock: Arc<ManualClock>) -> Config {
         },
         clock,
         guards: Arc::default(),
+        rollouts: Arc::default(),
     }
 }
 
