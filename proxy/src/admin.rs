@@ -292,6 +292,7 @@ async fn explain(
             .map(str::to_string)
             .collect()
     });
+    let headers = req.headers().clone();
     let request = match read_request(req).await {
         Ok(r) => r,
         Err(e) => return json(e.status, &e.to_json()),
@@ -300,7 +301,27 @@ async fn explain(
         let e = ApiError::unavailable("no inference policy yet");
         return json(e.status, &e.to_json());
     };
-    let policy = &active.policy;
+    // Under a rollout, the arm the request would be in (its tenant: the tenant header, else the
+    // workload), and that arm's policy.
+    let rollout = active.policy.rollout.as_ref().map(|r| {
+        let tenant = headers
+            .get(crate::front::TENANT_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+            .map_or_else(
+                || format!("{}/{}", workload.namespace, workload.name),
+                str::to_string,
+            );
+        let arm = crate::rollout::arm_of(&r.split, &tenant, workload, &headers, rand::random);
+        crate::rollout::RolloutRecord {
+            name: r.name().to_string(),
+            arm: arm.as_str(),
+        }
+    });
+    let policy = match (&rollout, &active.cohort) {
+        (Some(r), Some(cohort)) if r.arm == "cohort" => cohort,
+        _ => &active.policy,
+    };
     let explanation = request.explain(&active.classifiers.set).await;
     let tags = explanation.to_tags();
     let blocks = PromptBlocks::from_text(&request.prefix_text(), &ApproxConfig::default());
@@ -325,6 +346,9 @@ async fn explain(
     }
     let mut v = serde_json::to_value(&out).unwrap_or(serde_json::Value::Null);
     v["target"] = target.name.to_string().into();
+    if let Some(r) = &rollout {
+        v["rollout"] = serde_json::to_value(r).unwrap_or_default();
+    }
     v["guards"] = guards_for(target, policy, &tags, &v);
     // Tags the policy declares that this proxy cannot compute (rules on them never match).
     v["unavailable_tags"] =

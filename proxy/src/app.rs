@@ -110,7 +110,22 @@ fn spawn_target(config: &Config, name: String, shared: &stack::Shared) -> Target
             shared.metrics.discovery.clone(),
         )),
         d.report_guards(target.guard_reports.subscribe()),
-        tokio::spawn(target::sync(target.clone(), feed, d)),
+        d.report_rollouts(target.rollout_ledger.clone(), proxy_id(config), {
+            let reports = shared.metrics.rollout.reports.clone();
+            std::sync::Arc::new(move |result: &'static str| {
+                reports
+                    .get_or_create(&crate::metrics::RolloutReportLabels {
+                        result: result.into(),
+                    })
+                    .inc();
+            })
+        }),
+        tokio::spawn(target::sync(
+            target.clone(),
+            feed,
+            d,
+            shared.metrics.rollout.clone(),
+        )),
         signals::spawn(
             target.endpoints.clone(),
             target.router.clone(),
@@ -126,6 +141,19 @@ fn spawn_target(config: &Config, name: String, shared: &stack::Shared) -> Target
         service: stack::build(config, &target, shared),
         target,
         _tasks: Arc::new(tasks),
+    }
+}
+
+/// The name this proxy reports under: its pod (`namespace/name`), or a random id chosen once per
+/// process when it was not told its pod's name.
+fn proxy_id(config: &Config) -> String {
+    static RANDOM: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    match config.pod_name.as_deref().filter(|n| !n.is_empty()) {
+        Some(name) => match config.pod_namespace.as_deref().filter(|n| !n.is_empty()) {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name.to_string(),
+        },
+        None => RANDOM.get_or_init(crate::rollout::random_proxy_id).clone(),
     }
 }
 

@@ -38,6 +38,9 @@ pub struct DecisionRecord {
     pub decision_duration_s: f64,
     /// How long admission control held the request for its class's TTFT objective.
     pub held_s: f64,
+    /// The policy's rollout and the request's arm in it (`cohort`, `control` or `rest`), when one
+    /// runs: a cohort request's rules and plan are the candidate's.
+    pub rollout: Option<crate::rollout::RolloutRecord>,
 }
 
 /// The record as `/debug/decisions` shows it: flat, the plan's parts beside the request's.
@@ -45,7 +48,7 @@ impl Serialize for DecisionRecord {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let plan = &self.plan;
-        let mut r = s.serialize_struct("DecisionRecord", 16)?;
+        let mut r = s.serialize_struct("DecisionRecord", 17)?;
         r.serialize_field("request_id", &self.request_id)?;
         r.serialize_field("target", &self.target)?;
         r.serialize_field("unix_time_ms", &self.unix_time_ms)?;
@@ -70,6 +73,10 @@ impl Serialize for DecisionRecord {
         r.serialize_field("attempts", &self.attempts)?;
         r.serialize_field("decision_duration_s", &self.decision_duration_s)?;
         r.serialize_field("held_s", &self.held_s)?;
+        match &self.rollout {
+            Some(rollout) => r.serialize_field("rollout", rollout)?,
+            None => r.skip_field("rollout")?,
+        }
         r.end()
     }
 }
@@ -162,6 +169,7 @@ mod tests {
             attempts: vec![],
             decision_duration_s: 0.0,
             held_s: 0.0,
+            rollout: None,
         }
     }
 
@@ -182,5 +190,17 @@ mod tests {
         assert_eq!(json["candidate_models"], serde_json::json!(["m"]));
         assert_eq!(json["refused"], "no_ready_endpoint");
         assert_eq!(json["decision"]["reason"]["kind"], "no_candidates");
+        assert!(json.get("rollout").is_none());
+        d.update("c", |r| {
+            r.rollout = Some(crate::rollout::RolloutRecord {
+                name: "cheaper".into(),
+                arm: "cohort",
+            })
+        });
+        let json = serde_json::to_value(&d.snapshot(Some("c"))[0]).unwrap();
+        assert_eq!(
+            json["rollout"],
+            serde_json::json!({"name": "cheaper", "arm": "cohort"})
+        );
     }
 }

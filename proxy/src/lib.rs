@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod observe;
 pub mod passthrough;
 pub mod retry;
+pub mod rollout;
 pub mod route;
 pub mod router;
 pub mod server;

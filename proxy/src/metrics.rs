@@ -164,10 +164,13 @@ fn hist<L: Clone + std::hash::Hash + Eq>(f: fn() -> Histogram) -> Hist<L> {
     Family::new_with_constructor(f)
 }
 
+/// The upper bounds of the latency histograms (TTFT among them), in seconds.
+pub const TTFT_BUCKETS: [f64; 13] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
 fn latency_histogram() -> Histogram {
-    Histogram::new([
-        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-    ])
+    Histogram::new(TTFT_BUCKETS)
 }
 
 fn itl_histogram() -> Histogram {
@@ -310,6 +313,38 @@ pub struct GuardSampleLabels {
     pub outcome: String,
 }
 
+/// A rollout's arm (`cohort` or `control`; the rest is not measured).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutLabels {
+    pub rollout: String,
+    pub arm: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutOutcomeLabels {
+    pub rollout: String,
+    pub arm: String,
+    /// `ok`, `error`, `fallback` or `timeout` (see `crate::rollout::ArmTag::record`).
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutReportLabels {
+    /// `sent`, `failed` (its measurements go with the next) or `dropped`.
+    pub result: String,
+}
+
+/// The arms of the policy's rollout (see `crate::rollout`), and the reports to the controller.
+#[derive(Clone, Debug)]
+pub struct RolloutMetrics {
+    pub requests: Family<RolloutOutcomeLabels, Counter>,
+    pub ttft_seconds: Hist<RolloutLabels>,
+    pub cost_usd: Family<RolloutLabels, Counter<f64, AtomicU64>>,
+    /// Rollouts the proxy dropped as invalid (the policy served without them), by reason.
+    pub rejections: Family<RejectionLabels, Counter>,
+    pub reports: Family<RolloutReportLabels, Counter>,
+}
+
 /// Attempts the retry layer sent again elsewhere.
 #[derive(Clone, Debug)]
 pub struct RetryMetrics {
@@ -364,6 +399,7 @@ pub struct Metrics {
     pub admission: AdmissionMetrics,
     pub server: ConnectionMetrics,
     pub discovery: DiscoveryMetrics,
+    pub rollout: RolloutMetrics,
 }
 
 impl Default for Metrics {
@@ -640,8 +676,41 @@ impl Metrics {
                 Family::default(),
             ),
         };
+        let rollout = RolloutMetrics {
+            requests: registered(
+                &mut r,
+                "rollout_requests",
+                "Requests of a rollout's cohort and control arms, by outcome",
+                Family::default(),
+            ),
+            ttft_seconds: registered(
+                &mut r,
+                "rollout_ttft_seconds",
+                "Time to first token of a rollout's arms (streaming requests)",
+                hist(latency_histogram),
+            ),
+            cost_usd: registered(
+                &mut r,
+                "rollout_cost_usd",
+                "Cost of a rollout's arms' tokens at the policy's prices",
+                Family::default(),
+            ),
+            rejections: registered(
+                &mut r,
+                "rollout_rejections",
+                "Rollouts dropped as invalid (the policy is served without them), by reason",
+                Family::default(),
+            ),
+            reports: registered(
+                &mut r,
+                "rollout_reports",
+                "Rollout reports to the controller, by what became of them",
+                Family::default(),
+            ),
+        };
         Self {
             registry: Arc::new(r),
+            rollout,
             http: RequestMetrics {
                 requests,
                 errors,

@@ -94,6 +94,7 @@ where
         let (stream, received_at) = (req.stream, req.received_at);
         let policy = req.policy.clone();
         let sample = req.sample.clone();
+        let rollout = req.rollout.clone();
         // Released if every attempt fails (dropped), settled when an answer ends.
         let budget = req.budget.take();
         Box::pin(async move {
@@ -124,10 +125,20 @@ where
                         decode: (0.0, 0),
                         sample,
                         budget,
+                        rollout,
+                        ttft_s: None,
                     };
                     Ok(respond(response, stream, hooks, deadlines, &request_id))
                 }
-                Err(e) => Ok(refuse(&params.metrics, &labels, &e, &request_id)),
+                Err(e) => {
+                    if let Some(t) = &rollout {
+                        t.record(crate::rollout::Ended {
+                            status: e.status.as_u16(),
+                            ..Default::default()
+                        });
+                    }
+                    Ok(refuse(&params.metrics, &labels, &e, &request_id))
+                }
             }
         })
     }
@@ -194,6 +205,10 @@ struct RequestHooks {
     sample: Option<Arc<crate::guard::Sample>>,
     /// The tokens reserved of the tenant's budget.
     budget: Option<crate::budget::Reservation>,
+    /// The request's arm of the policy's rollout.
+    rollout: Option<Arc<crate::rollout::ArmTag>>,
+    /// Its time to first token, once seen (streams).
+    ttft_s: Option<f64>,
 }
 
 /// The prompt tokens to count as cached and to charge at the cached price, and whether that is an
@@ -212,9 +227,9 @@ impl Hooks for RequestHooks {
     fn first_token(&mut self, at: Instant) {
         self.first_token_seen = true;
         let m = &self.params.metrics;
-        m.ttft_seconds
-            .get_or_create(&self.labels)
-            .observe(at.saturating_duration_since(self.received_at).as_secs_f64());
+        let ttft_s = at.saturating_duration_since(self.received_at).as_secs_f64();
+        self.ttft_s = Some(ttft_s);
+        m.ttft_seconds.get_or_create(&self.labels).observe(ttft_s);
         if let Some(h) = self.served.handle
             && let Some(ttft) = self.params.router.first_token(h, at, true)
         {
@@ -272,6 +287,7 @@ impl Hooks for RequestHooks {
         m.request_duration_seconds
             .get_or_create(l)
             .observe(e2e.as_secs_f64());
+        let mut cost_usd = 0.0;
         if let Some(u) = summary.usage {
             let (cached, estimated) = cached_prompt_tokens(&u, &self.served);
             m.prompt_tokens.get_or_create(l).inc_by(u.prompt_tokens);
@@ -284,11 +300,22 @@ impl Hooks for RequestHooks {
             m.completion_tokens
                 .get_or_create(l)
                 .inc_by(u.completion_tokens);
-            m.cost_usd.get_or_create(l).inc_by(self.price.cost(
-                u.prompt_tokens,
-                cached,
-                u.completion_tokens,
-            ));
+            cost_usd = self
+                .price
+                .cost(u.prompt_tokens, cached, u.completion_tokens);
+            m.cost_usd.get_or_create(l).inc_by(cost_usd);
+        }
+        if let Some(t) = &self.rollout {
+            t.record(crate::rollout::Ended {
+                status: self.status.as_u16(),
+                stream_failed: summary.upstream_error.is_some() && !summary.cancelled,
+                timed_out: summary.timed_out,
+                ttft_s: self.ttft_s,
+                cost_usd,
+                tokens: summary
+                    .usage
+                    .map_or(0, |u| u.prompt_tokens + u.completion_tokens),
+            });
         }
         if !self.status.is_success() {
             m.error(l, self.status.as_str());
@@ -332,6 +359,8 @@ impl Hooks for RequestHooks {
                     completion_tokens = summary.usage.map(|u| u.completion_tokens),
                     cancelled = summary.cancelled,
                     upstream_error = summary.upstream_error.as_deref(),
+                    rollout = self.rollout.as_ref().map(|t| &*t.rollout),
+                    arm = self.rollout.as_ref().map(|t| t.arm.as_str()),
                     "request done"
                 )
             };

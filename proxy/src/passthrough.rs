@@ -130,6 +130,7 @@ fn plan(
         policy: active.policy.clone(),
         sample: None,
         budget: None,
+        rollout: None,
         attempts: Attempts::Plain(order),
     })
 }

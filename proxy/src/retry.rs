@@ -247,6 +247,9 @@ where
         };
         match outcome {
             Ok(rsp) => {
+                if let Some(t) = &req.rollout {
+                    t.set_attempt_timed_out(false);
+                }
                 let status = rsp.status();
                 let failed =
                     status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS;
@@ -290,6 +293,9 @@ where
             Err(e) => {
                 if let Some(h) = handle {
                     params.router.complete(h);
+                }
+                if let Some(t) = &req.rollout {
+                    t.set_attempt_timed_out(matches!(e, ForwardError::Timeout(..)));
                 }
                 if e.is_connect() {
                     params.router.set_ready(&info.id, false);

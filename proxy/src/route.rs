@@ -62,6 +62,8 @@ pub struct Routed {
     pub sample: Option<Arc<crate::guard::Sample>>,
     /// The tokens reserved of the tenant's budget, settled when the answer ends.
     pub budget: Option<crate::budget::Reservation>,
+    /// The request's arm of the policy's rollout, recorded when the answer ends.
+    pub rollout: Option<Arc<crate::rollout::ArmTag>>,
 }
 
 /// Where a request may be tried, in order.
@@ -99,6 +101,9 @@ pub struct RouteParams {
     pub admission_metrics: crate::metrics::AdmissionMetrics,
     /// Each tenant's token budget window.
     pub budgets: crate::budget::Budgets,
+    /// Where the arms of the policy's rollout are measured.
+    pub rollout_ledger: Arc<kinference_proxy_discovery::RolloutLedger>,
+    pub rollout_metrics: crate::metrics::RolloutMetrics,
 }
 
 #[derive(Clone, Debug)]
@@ -151,12 +156,22 @@ where
     fn call(&mut self, req: ProxyRequest) -> Self::Future {
         let params = self.params.clone();
         let inner = self.inner.clone();
-        Box::pin(async move {
-            match route(&params, req).await {
-                Ok(routed) => tower::ServiceExt::oneshot(inner, routed).await,
-                Err(refused) => Ok(refused),
-            }
-        })
+        // The request's span: the route fills in its rollout and arm when a rollout runs.
+        let span = tracing::info_span!(
+            "request",
+            request_id = %req.request_id,
+            rollout = tracing::field::Empty,
+            arm = tracing::field::Empty,
+        );
+        Box::pin(tracing::Instrument::instrument(
+            async move {
+                match route(&params, req).await {
+                    Ok(routed) => tower::ServiceExt::oneshot(inner, routed).await,
+                    Err(refused) => Ok(refused),
+                }
+            },
+            span,
+        ))
     }
 }
 
@@ -212,7 +227,27 @@ async fn route(
             ApiError::unavailable("no inference policy has been received from the controller yet"),
         ));
     };
-    let policy = &active.policy;
+    // The request's arm of the policy's rollout: a cohort request is decided under the cohort's
+    // policy (the candidate's rules and balancer over the same models), every other under the
+    // policy's own.
+    let arm = active.policy.rollout.as_ref().map(|r| {
+        let arm = crate::rollout::arm_of(
+            &r.split,
+            &labels.tenant,
+            &params.workload,
+            &head.headers,
+            rand::random::<u64>,
+        );
+        let span = tracing::Span::current();
+        span.record("rollout", r.name());
+        span.record("arm", arm.as_str());
+        (Arc::<str>::from(r.name()), arm)
+    });
+    let decided_under = match (&arm, &active.cohort) {
+        (Some((_, kinference_decision::rollout::Arm::Cohort)), Some(cohort)) => cohort.clone(),
+        _ => active.policy.clone(),
+    };
+    let policy = &decided_under;
     // A prompt longer than every model's context window is refused before any prompt-sized work.
     let all_models = policy.models.iter().map(|m| m.name.as_str());
     if let Some(e) = too_long(&params.endpoints, all_models, &request) {
@@ -246,7 +281,7 @@ async fn route(
     }
     let decider = decider_of(params, &labels);
     let (request, tags, blocks, plan, applied) = if large {
-        let policy = active.policy.clone();
+        let policy = decided_under.clone();
         off_workers(move || {
             let (blocks, plan, applied) = decider.decide(&policy, candidates, &request, &tags);
             (request, tags, blocks, plan, applied)
@@ -315,7 +350,7 @@ async fn route(
         None
     } else {
         params.guard.sample(
-            &active.policy,
+            &decided_under,
             &applied,
             &plan.candidates.requested_model,
             plan.decision.chosen_model().map(|m| m.as_str()),
@@ -327,6 +362,21 @@ async fn route(
     let plan = Arc::new(plan);
     let decision_s = t0.elapsed().as_secs_f64() - held.as_secs_f64();
     count(params, &labels, &plan, decision_s);
+    let tag = arm.map(|(name, arm)| {
+        // The saturation its first endpoint reported, as the decision saw it.
+        let saturation = plan
+            .attempt(0)
+            .and_then(|c| c.prediction.kv_cache_usage)
+            .map(|u| u.value);
+        Arc::new(crate::rollout::ArmTag::new(
+            name,
+            arm,
+            plan.fallback().is_some(),
+            saturation,
+            params.rollout_ledger.clone(),
+            params.rollout_metrics.clone(),
+        ))
+    });
     params.decisions.push(DecisionRecord {
         request_id: request_id.clone(),
         target: params.target.to_string(),
@@ -345,8 +395,18 @@ async fn route(
         attempts: vec![],
         decision_duration_s: decision_s,
         held_s: held.as_secs_f64(),
+        rollout: tag.as_ref().map(|t| t.record_of()),
     });
+    let refused_arm = |e: &ApiError| {
+        if let Some(t) = &tag {
+            t.record(crate::rollout::Ended {
+                status: e.status.as_u16(),
+                ..Default::default()
+            });
+        }
+    };
     if let Some((_, e, retry_after_s)) = rejected {
+        refused_arm(&e);
         let mut rsp = refused(&labels, e);
         if let Ok(v) = http::HeaderValue::from_str(&retry_after_s.to_string()) {
             rsp.headers_mut().insert(http::header::RETRY_AFTER, v);
@@ -354,7 +414,9 @@ async fn route(
         return Err(rsp);
     }
     if let Some(why) = plan.refused {
-        return Err(refused(&labels, ApiError::unavailable(why.message())));
+        let e = ApiError::unavailable(why.message());
+        refused_arm(&e);
+        return Err(refused(&labels, e));
     }
     Ok(Routed {
         head,
@@ -365,10 +427,11 @@ async fn route(
         request_id,
         received_at,
         labels,
-        policy: active.policy.clone(),
+        policy: decided_under.clone(),
         attempts: Attempts::Planned { plan, blocks },
         sample,
         budget,
+        rollout: tag,
     })
 }
 

@@ -130,11 +130,8 @@ impl RouterHandle {
     /// Applies a policy's balancer settings and priors. New settings start a fresh router (its
     /// learned state is per-settings); returns whether it did, so the caller re-adds endpoints.
     pub fn apply_policy(&self, policy: &Policy) -> bool {
-        let b = &policy.balancer;
         let mut st = self.inner.lock();
-        let mut config = st.base;
-        config.predict.freshness_budget = b.freshness_budget;
-        config.tie_window = b.tie_window;
+        let config = policy.balancer.router_config(&st.base);
         let restarted = config != st.config;
         if restarted {
             st.config = config;
@@ -177,12 +174,23 @@ impl RouterHandle {
     }
 
     /// The plan for a request whose candidates the caller evaluated
-    /// ([`kinference_decision::decide_among`], on the router as it is now).
+    /// ([`kinference_decision::decide_among_with`], on the router as it is now), predicted under
+    /// `policy`'s balancer: the router's own settings for the policy it was configured by, a
+    /// rollout cohort's candidate balancer for the cohort's.
     pub fn decide(&self, policy: &Policy, candidates: Candidates, input: &Input<'_>) -> Plan {
         let now = self.now();
         let mut st = self.inner.lock();
         let st = &mut *st;
-        kinference_decision::decide_among(policy, &st.router, candidates, input, now, &mut st.rng)
+        let config = policy.balancer.router_config(st.router.config());
+        kinference_decision::decide_among_with(
+            policy,
+            &st.router,
+            &config,
+            candidates,
+            input,
+            now,
+            &mut st.rng,
+        )
     }
 
     /// Plain balancing for another `/v1/*` path ([`kinference_decision::passthrough`]).

@@ -134,6 +134,8 @@ pub fn layered<F: Clone>(target: &Target, shared: &Shared, forward: F) -> StackO
         admission: target.admission.clone(),
         admission_metrics: shared.metrics.admission.clone(),
         budgets: target.budgets.clone(),
+        rollout_ledger: target.rollout_ledger.clone(),
+        rollout_metrics: shared.metrics.rollout.clone(),
     })
     .layer(upstream.clone());
     let others = PassthroughLayer::new(PassthroughParams {

@@ -40,6 +40,8 @@ pub struct Summary {
     pub token_events: u64,
     /// The upstream failed after the first byte.
     pub upstream_error: Option<String>,
+    /// The failure was a timeout (first token, idle or the request's bound).
+    pub timed_out: bool,
     /// The body was dropped before its end (the client went away).
     pub cancelled: bool,
     /// The first choice's text, when the body was asked to keep it ([`ObservedBody::capture`]).
@@ -437,6 +439,7 @@ where
                 this.done = true;
                 let message = format!("the request timed out: {why}");
                 this.summary.upstream_error = Some(message.clone());
+                this.summary.timed_out = true;
                 this.finish();
                 if this.stream {
                     Poll::Ready(Some(Ok(Frame::data(error_event(&message, "timeout")))))
@@ -462,6 +465,7 @@ where
                 this.done = true;
                 let message = format!("the model server failed mid-response: {e}");
                 this.summary.upstream_error = Some(message.clone());
+                this.summary.timed_out = true;
                 this.finish();
                 if this.stream {
                     Poll::Ready(Some(Ok(Frame::data(error_event(

@@ -28,6 +28,10 @@ pub struct ActivePolicy {
     pub classifiers: Arc<Compiled>,
     /// The controller's message, kept to tell a new one from a resend.
     pub proto: Arc<discovery::InferencePolicy>,
+    /// The policy a rollout's cohort is decided under (`Policy::cohort`), when one runs.
+    pub cohort: Option<Arc<Policy>>,
+    /// Why the message's rollout was dropped, when it was.
+    pub rollout_error: Option<convert::RolloutError>,
 }
 
 /// The target's current policy, `None` until the first arrives.
@@ -55,6 +59,8 @@ pub struct Target {
     pub budgets: crate::budget::Budgets,
     /// The same, as reported to the controller.
     pub guard_reports: Arc<watch::Sender<Arc<discovery::GuardMeasurements>>>,
+    /// What the arms of the policy's rollout measured and the reporter has not yet sent.
+    pub rollout_ledger: Arc<discovery::RolloutLedger>,
 }
 
 impl Target {
@@ -111,6 +117,7 @@ pub fn new(name: &str, router: RouterHandle) -> (Target, Feed) {
         admission: Default::default(),
         budgets: Default::default(),
         guard_reports: Arc::new(watch::channel(Arc::default()).0),
+        rollout_ledger: Arc::new(discovery::RolloutLedger::new(&crate::metrics::TTFT_BUCKETS)),
     };
     let feed = Feed {
         policy: tx,
@@ -131,10 +138,16 @@ impl Feed {
         let classifiers = self.classifiers.get(&policy.revision, || {
             convert::classifiers(&proto.classifiers)
         });
+        let rollout_error = proto
+            .rollout
+            .as_ref()
+            .and_then(|r| convert::rollout(r).err());
         let active = Arc::new(ActivePolicy {
+            cohort: policy.cohort().map(Arc::new),
             policy,
             classifiers,
             proto,
+            rollout_error,
         });
         self.policy.send_replace(Some(active.clone()));
         active
@@ -142,13 +155,30 @@ impl Feed {
 }
 
 /// Keeps the target in step with discovery: every new policy or endpoint set is applied, until
-/// discovery ends.
-pub async fn sync(target: Target, feed: Feed, mut d: discovery::Discovery) {
+/// discovery ends. A policy whose rollout was dropped is counted once.
+pub async fn sync(
+    target: Target,
+    feed: Feed,
+    mut d: discovery::Discovery,
+    rollout: crate::metrics::RolloutMetrics,
+) {
+    let mut last: Option<Arc<ActivePolicy>> = None;
     loop {
         let proto = d.inference.borrow_and_update().clone();
         let endpoints = d.endpoints.borrow_and_update().clone();
         if let Some(proto) = proto {
             let active = feed.apply(proto);
+            if let Some(e) = active.rollout_error
+                && !last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &active))
+            {
+                rollout
+                    .rejections
+                    .get_or_create(&crate::metrics::RejectionLabels {
+                        reason: e.reason().to_string(),
+                    })
+                    .inc();
+            }
+            last = Some(active.clone());
             target
                 .endpoints
                 .sync(&active.policy, &endpoints, &target.router);
