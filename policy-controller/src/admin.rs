@@ -1,5 +1,7 @@
-//! The admin server: `/live`, `/ready`, `/metrics`, and `/debug/guards` (the proxies' latest
-//! quality-guard reports and each policy's merged condition, in every mode).
+//! The admin server: `/live`, `/ready`, `/metrics`, `/debug/guards` (the proxies' latest
+//! quality-guard reports and each policy's merged condition, in every mode) and `/rollouts`
+//! (each declared rollout's phase, verdict, arms and thresholds, as `status.rollout` says them:
+//! the only place they show in manifest mode, where there is no status to write).
 //!
 //! Kept apart from the gRPC port so probes and scrapes never compete with proxies'
 //! streams, as in Linkerd's controllers.
@@ -10,7 +12,10 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use kinference_policy_core::guard::{GuardEntry, GuardReports};
+use kinference_policy_core::{
+    guard::{GuardEntry, GuardReports},
+    rollout::judge::Rollouts,
+};
 use kinference_policy_k8s_index::SharedIndex;
 use std::{convert::Infallible, sync::Arc};
 use tokio::net::TcpListener;
@@ -21,6 +26,7 @@ pub async fn serve(
     metrics: Metrics,
     index: SharedIndex,
     guards: Arc<GuardReports>,
+    rollouts: Arc<Rollouts>,
 ) {
     loop {
         let (io, _) = match listener.accept().await {
@@ -33,12 +39,14 @@ pub async fn serve(
         let metrics = metrics.clone();
         let index = index.clone();
         let guards = guards.clone();
+        let rollouts = rollouts.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let metrics = metrics.clone();
                 let index = index.clone();
                 let guards = guards.clone();
-                async move { Ok::<_, Infallible>(handle(&req, &metrics, &index, &guards)) }
+                let rollouts = rollouts.clone();
+                async move { Ok::<_, Infallible>(handle(&req, &metrics, &index, &guards, &rollouts)) }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             if let Err(error) = builder.serve_connection(TokioIo::new(io), svc).await {
@@ -62,6 +70,7 @@ fn handle(
     metrics: &Metrics,
     index: &SharedIndex,
     guards: &GuardReports,
+    rollouts: &Rollouts,
 ) -> Response<Full<Bytes>> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -79,9 +88,9 @@ fn handle(
             // Sizes change when proxies start watching too, not only on reloads.
             let sizes = index.read().sizes();
             metrics.set_sizes(&sizes);
-            let mut body = String::new();
-            match prometheus_client::encoding::text::encode(&mut body, &metrics.registry) {
-                Ok(()) => text(
+            metrics.rollout.set_outcomes(&rollouts.outcomes());
+            match metrics.encode() {
+                Ok(body) => text(
                     StatusCode::OK,
                     body,
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -98,8 +107,29 @@ fn handle(
             guards_view(guards).to_string(),
             "application/json",
         ),
+        "/rollouts" => text(
+            StatusCode::OK,
+            rollouts_view(rollouts).to_string(),
+            "application/json",
+        ),
         _ => text(StatusCode::NOT_FOUND, "not found\n", PLAIN),
     }
+}
+
+/// Per policy with a declared rollout: the policy and what its `status.rollout` would say.
+pub fn rollouts_view(rollouts: &Rollouts) -> serde_json::Value {
+    let policies: Vec<serde_json::Value> = rollouts
+        .outcomes()
+        .iter()
+        .map(|((namespace, name), o)| {
+            serde_json::json!({
+                "namespace": namespace,
+                "name": name,
+                "rollout": kinference_policy_k8s_index::rollout::status_of(o),
+            })
+        })
+        .collect();
+    serde_json::json!({ "policies": policies })
 }
 
 /// Per policy: its merged `QualityGuard` condition and each proxy's latest report.

@@ -3,8 +3,11 @@
 //! Index sizes say what the controller knows; watch events and update latency say how
 //! quickly it learns; stream counts (from the gRPC crate) say who is listening; rejected
 //! resources and the parents served a last good policy say what bad configuration it is
-//! riding out (docs/reliability.md, "Bad configuration").
+//! riding out (docs/reliability.md, "Bad configuration"). Rollouts have their own names
+//! (`kinference_controller_rollout_*`, [`RolloutMetrics`]): how each is faring against its
+//! thresholds, for the experiment dashboard.
 
+use kinference_policy_core::rollout::judge::{Outcome, PolicyKey, Rollback};
 use kinference_policy_grpc::GrpcMetrics;
 use kinference_policy_k8s_index::{IndexSizes, ResourceKind};
 use prometheus_client::{
@@ -12,9 +15,12 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -56,6 +62,153 @@ pub struct Metrics {
     manifest_errors: Counter,
     update_seconds: Histogram,
     ready: Arc<AtomicBool>,
+    /// `kinference_controller_rollout_*`, encoded after the rest.
+    pub rollout: RolloutMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutThresholdLabels {
+    /// The InferencePolicy, `namespace/name`.
+    pub policy: String,
+    pub rollout: String,
+    pub threshold: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutPhaseLabels {
+    pub policy: String,
+    pub rollout: String,
+    pub phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutArmLabels {
+    pub policy: String,
+    pub rollout: String,
+    pub arm: &'static str,
+}
+
+/// The rollout loop's metrics: rollbacks counted as they happen, the rest set from the
+/// outcomes at every scrape (a rollout that went away leaves no series behind).
+#[derive(Clone, Debug)]
+pub struct RolloutMetrics {
+    pub registry: Arc<Registry>,
+    rollbacks: Family<RolloutThresholdLabels, Counter>,
+    phase: Family<RolloutPhaseLabels, Gauge>,
+    closeness: Family<RolloutThresholdLabels, Gauge<f64, AtomicU64>>,
+    estimate: Family<RolloutThresholdLabels, Gauge<f64, AtomicU64>>,
+    limit: Family<RolloutThresholdLabels, Gauge<f64, AtomicU64>>,
+    requests: Family<RolloutArmLabels, Gauge>,
+    errors: Family<RolloutArmLabels, Gauge>,
+}
+
+impl RolloutMetrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("kinference_controller_rollout");
+        let rollbacks = Family::<RolloutThresholdLabels, Counter>::default();
+        registry.register(
+            "rollbacks",
+            "Rollouts the controller rolled back, by the threshold crossed",
+            rollbacks.clone(),
+        );
+        let phase = Family::<RolloutPhaseLabels, Gauge>::default();
+        registry.register(
+            "phase",
+            "1 for each rollout's phase (Running, RolledBack, Promoted, Aborted)",
+            phase.clone(),
+        );
+        let closeness = Family::<RolloutThresholdLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "threshold_ratio",
+            "How close the cohort is to each threshold: the favourable end of the interval, 0 at no change against control, 1 at the limit, above 1 crossed",
+            closeness.clone(),
+        );
+        let estimate = Family::<RolloutThresholdLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "threshold_estimate",
+            "Each threshold's estimate: the cohort's rate minus control's, the TTFT quantile ratio, or the cohort's saturation",
+            estimate.clone(),
+        );
+        let limit = Family::<RolloutThresholdLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "threshold_limit",
+            "Each declared threshold's limit",
+            limit.clone(),
+        );
+        let requests = Family::<RolloutArmLabels, Gauge>::default();
+        registry.register(
+            "arm_requests",
+            "Requests in each arm over the window",
+            requests.clone(),
+        );
+        let errors = Family::<RolloutArmLabels, Gauge>::default();
+        registry.register(
+            "arm_errors",
+            "Errors in each arm over the window",
+            errors.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            rollbacks,
+            phase,
+            closeness,
+            estimate,
+            limit,
+            requests,
+            errors,
+        }
+    }
+
+    /// Counts a rollback.
+    pub fn rolled_back(&self, rb: &Rollback) {
+        self.rollbacks
+            .get_or_create(&RolloutThresholdLabels {
+                policy: format!("{}/{}", rb.key.namespace, rb.key.policy),
+                rollout: rb.key.rollout.clone(),
+                threshold: rb.crossed.threshold.as_str(),
+            })
+            .inc();
+    }
+
+    /// Sets the gauges from the loop's outcomes.
+    pub fn set_outcomes(&self, outcomes: &BTreeMap<PolicyKey, Outcome>) {
+        self.phase.clear();
+        self.closeness.clear();
+        self.estimate.clear();
+        self.limit.clear();
+        self.requests.clear();
+        self.errors.clear();
+        for ((ns, name), o) in outcomes {
+            let policy = format!("{ns}/{name}");
+            self.phase
+                .get_or_create(&RolloutPhaseLabels {
+                    policy: policy.clone(),
+                    rollout: o.name.clone(),
+                    phase: o.phase.as_str(),
+                })
+                .set(1);
+            for c in &o.comparisons {
+                let labels = RolloutThresholdLabels {
+                    policy: policy.clone(),
+                    rollout: o.name.clone(),
+                    threshold: c.threshold.as_str(),
+                };
+                self.closeness.get_or_create(&labels).set(c.closeness());
+                self.estimate.get_or_create(&labels).set(c.estimate);
+                self.limit.get_or_create(&labels).set(c.limit);
+            }
+            for (arm, a) in [("cohort", &o.cohort), ("control", &o.control)] {
+                let labels = RolloutArmLabels {
+                    policy: policy.clone(),
+                    rollout: o.name.clone(),
+                    arm,
+                };
+                let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                self.requests.get_or_create(&labels).set(n(a.requests));
+                self.errors.get_or_create(&labels).set(n(a.errors));
+            }
+        }
+    }
 }
 
 impl Metrics {
@@ -126,6 +279,7 @@ impl Metrics {
             manifest_errors,
             update_seconds,
             ready: Arc::default(),
+            rollout: RolloutMetrics::new(),
         }
     }
 
@@ -186,6 +340,16 @@ impl Metrics {
 
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    /// Every metric in the text format: the controller's, then the rollouts'.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        use prometheus_client::encoding::text;
+        let mut body = String::new();
+        text::encode_registry(&mut body, &self.registry)?;
+        text::encode_registry(&mut body, &self.rollout.registry)?;
+        text::encode_eof(&mut body)?;
+        Ok(body)
     }
 }
 

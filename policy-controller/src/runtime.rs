@@ -14,7 +14,7 @@
 use crate::{admin, manifests::ManifestSource, metrics::Metrics};
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use kinference_policy_core::guard::GuardReports;
+use kinference_policy_core::{guard::GuardReports, rollout::judge::Rollouts};
 use kinference_policy_k8s_index::{Index, SharedIndex};
 use std::{future::Future, net::SocketAddr, path::PathBuf, pin::Pin, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
@@ -129,6 +129,10 @@ pub struct Args {
     /// Each signal-service scrape's timeout, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub signals_timeout_ms: u64,
+
+    /// How often the rollout loop judges each running rollout's window, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub rollout_judge_interval_ms: u64,
 
     /// Log format. The filter is `RUST_LOG` (default `info`).
     #[arg(long, default_value = "json", value_parser = ["json", "plain"])]
@@ -293,13 +297,48 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     // The proxies' quality-guard reports: the gRPC server fills it, admin and status read it.
     let guards = Arc::new(GuardReports::default());
+    // The proxies' rollout reports and the loop's outcomes: the gRPC server fills the windows,
+    // the loop judges them, the status writer and admin read the outcomes.
+    let reports = Reports {
+        guards,
+        rollouts: Arc::new(Rollouts::default()),
+    };
+    spawn_rollout_loop(&args, &metrics, &index, &reports.rollouts);
     match args.manifests.clone() {
-        Some(dir) => run_manifests(args, dir, metrics, index, guards, shutdown).await,
+        Some(dir) => run_manifests(args, dir, metrics, index, reports, shutdown).await,
         None => {
             let kube_args = KubeArgs::from(&args)?;
-            run_kubernetes(args, kube_args, metrics, index, guards, shutdown).await
+            run_kubernetes(args, kube_args, metrics, index, reports, shutdown).await
         }
     }
+}
+
+/// What the proxies report, shared by the gRPC server, the loops, status and admin.
+#[derive(Clone, Debug)]
+struct Reports {
+    guards: Arc<GuardReports>,
+    rollouts: Arc<Rollouts>,
+}
+
+/// Judges every running rollout every `--rollout-judge-interval-ms`: a cohort past a threshold
+/// is moved back to the control policy (the index stops serving the rollout), counted and logged.
+fn spawn_rollout_loop(
+    args: &Args,
+    metrics: &Metrics,
+    index: &SharedIndex,
+    rollouts: &Arc<Rollouts>,
+) {
+    let every = Duration::from_millis(args.rollout_judge_interval_ms.max(10));
+    let metrics = metrics.rollout.clone();
+    tokio::spawn(kinference_policy_core::rollout::judge::run(
+        rollouts.clone(),
+        index.clone(),
+        every,
+        move |rb| {
+            metrics.rolled_back(rb);
+            tracing::warn!(rollout = %rb.key, threshold = rb.crossed.threshold.as_str(), message = %rb.message, "rolled the cohort back");
+        },
+    ));
 }
 
 /// Binds the gRPC and admin ports and starts the admin server.
@@ -307,7 +346,7 @@ async fn bind_servers(
     args: &Args,
     metrics: &Metrics,
     index: &SharedIndex,
-    guards: &Arc<GuardReports>,
+    reports: &Reports,
 ) -> anyhow::Result<(TcpListener, SocketAddr, SocketAddr)> {
     let grpc = TcpListener::bind(args.grpc_addr)
         .await
@@ -321,7 +360,8 @@ async fn bind_servers(
         admin,
         metrics.clone(),
         index.clone(),
-        guards.clone(),
+        reports.guards.clone(),
+        reports.rollouts.clone(),
     ));
     Ok((grpc, grpc_addr, admin_addr))
 }
@@ -363,10 +403,11 @@ fn signals_field(addr: Option<SocketAddr>) -> String {
     addr.map_or_else(String::new, |a| format!(" signals={a}"))
 }
 
-fn grpc_config(args: &Args, guards: &Arc<GuardReports>) -> kinference_policy_grpc::Config {
+fn grpc_config(args: &Args, reports: &Reports) -> kinference_policy_grpc::Config {
     kinference_policy_grpc::Config {
         cluster_domain: args.cluster_domain.clone(),
-        guards: guards.clone(),
+        guards: reports.guards.clone(),
+        rollouts: reports.rollouts.clone(),
     }
 }
 
@@ -375,7 +416,7 @@ async fn run_manifests(
     dir: PathBuf,
     metrics: Metrics,
     index: SharedIndex,
-    guards: Arc<GuardReports>,
+    reports: Reports,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     if args.identity_issuer_cert.is_some() {
@@ -386,7 +427,7 @@ async fn run_manifests(
     let mut source = ManifestSource::new(dir.clone(), index.clone(), metrics.clone());
     source.reload().context("reading the manifest directory")?;
 
-    let (grpc, grpc_addr, admin_addr) = bind_servers(&args, &metrics, &index, &guards).await?;
+    let (grpc, grpc_addr, admin_addr) = bind_servers(&args, &metrics, &index, &reports).await?;
     let signals = spawn_signals(&args, &metrics, &index, &shutdown).await?;
     // The index holds the manifests and the gRPC port accepts: proxies may be served.
     metrics.set_ready();
@@ -401,7 +442,7 @@ async fn run_manifests(
     let debounce = Duration::from_millis(args.debounce_ms);
     let watch = tokio::spawn(source.watch(debounce));
     tokio::select! {
-        res = kinference_policy_grpc::serve_with(grpc, index, metrics.grpc.clone(), grpc_config(&args, &guards), shutdown.signal()) => {
+        res = kinference_policy_grpc::serve_with(grpc, index, metrics.grpc.clone(), grpc_config(&args, &reports), shutdown.signal()) => {
             res.context("gRPC server")?;
         }
         res = watch => {
@@ -416,7 +457,7 @@ async fn run_kubernetes(
     kube_args: KubeArgs,
     metrics: Metrics,
     index: SharedIndex,
-    guards: Arc<GuardReports>,
+    reports: Reports,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
@@ -473,7 +514,7 @@ async fn run_kubernetes(
         None => None,
     };
 
-    let (grpc, grpc_addr, admin_addr) = bind_servers(&args, &metrics, &index, &guards).await?;
+    let (grpc, grpc_addr, admin_addr) = bind_servers(&args, &metrics, &index, &reports).await?;
     if args.signals_addr.is_some() && identity.is_some() {
         bail!(
             "--signals-addr is not served over mutual TLS yet: run it without an identity issuer"
@@ -524,7 +565,7 @@ async fn run_kubernetes(
                 grpc_tls,
                 index.clone(),
                 metrics.grpc.clone(),
-                grpc_config(&args, &guards),
+                grpc_config(&args, &reports),
                 shutdown.signal(),
             );
             (Box::pin(serve) as GrpcServe, "mtls")
@@ -535,7 +576,7 @@ async fn run_kubernetes(
                 grpc,
                 index.clone(),
                 metrics.grpc.clone(),
-                grpc_config(&args, &guards),
+                grpc_config(&args, &reports),
                 shutdown.signal(),
             );
             (Box::pin(serve) as GrpcServe, "off")
@@ -552,7 +593,8 @@ async fn run_kubernetes(
         client,
         index.clone(),
         kinference_policy_k8s_watch::Config {
-            guards: guards.clone(),
+            guards: reports.guards.clone(),
+            rollouts: reports.rollouts.clone(),
             ..kinference_policy_k8s_watch::Config::new(lease)
         },
         synced_tx,

@@ -14,8 +14,8 @@ use kinference_policy_test::{
 use kinference_proxy_api::{
     InferencePoliciesClient,
     inference::{
-        GuardReport, GuardStatus, InferenceTarget, guard_status::State as GuardState,
-        inference_target,
+        ArmReport, GuardReport, GuardStatus, InferenceTarget, RolloutReport,
+        guard_status::State as GuardState, inference_target,
     },
 };
 use linkerd2_proxy_api::destination::{self as dst, destination_client::DestinationClient, update};
@@ -416,6 +416,179 @@ async fn kubernetes_mode_serves_the_clusters_objects_writes_status_and_answers_w
     assert_eq!(within["reason"], "WithinTolerance", "{within}");
     let normal = event("QualityGuardWithinTolerance").await;
     assert_eq!(normal["type"], "Normal", "{normal}");
+}
+
+/// The policy of [`objects`] with a running rollout: a candidate that fails closed, judged on
+/// the error rate over at least 100 requests per arm.
+fn objects_with_rollout() -> Vec<Value> {
+    let mut objects = objects();
+    let policy = objects
+        .iter_mut()
+        .find(|o| o["kind"] == "InferencePolicy")
+        .unwrap();
+    policy["spec"]["rollout"] = json!({
+        "name": "fail-closed",
+        "candidate": {"balancer": {"failureMode": "FailClose"}},
+        "cohortPercent": 10, "controlPercent": 10,
+        "window": "5m", "minSamples": 100,
+        "thresholds": {"errorRate": 0.02},
+    });
+    objects
+}
+
+/// One arm's deltas: `requests` with `errors` errors, TTFTs under 100 ms.
+fn arm(requests: u64, errors: u64) -> ArmReport {
+    ArmReport {
+        requests,
+        errors,
+        ttft_bounds_s: vec![0.1, f64::INFINITY],
+        ttft_counts: vec![requests, requests],
+        saturation: 0.3,
+        cost_usd: 0.001 * requests as f64,
+        tokens: 100 * requests,
+        ..ArmReport::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_cohort_is_rolled_back_into_status_and_a_promoted_one_is_the_policy() {
+    let server = ApiServer::with_objects(objects_with_rollout()).await;
+    let tls = tls();
+    let ctl = start(&server, &tls).await;
+    ctl.wait_admin_status("/ready", 200).await.unwrap();
+    let mut client = InferencePoliciesClient::new(ctl.channel().await.unwrap());
+    let target = InferenceTarget {
+        source_workload: "apps:chat".into(),
+        target: Some(inference_target::Target::Authority(AUTHORITY.into())),
+    };
+    let mut stream = client.watch(target.clone()).await.unwrap().into_inner();
+    let (policy, _) = next_matching(&mut stream, "the policy with its rollout", |p| {
+        p.rollout.is_some()
+    })
+    .await
+    .unwrap();
+    let rollout = policy.rollout.clone().unwrap();
+    assert_eq!(rollout.name, "fail-closed");
+    assert_eq!(
+        (rollout.cohort_basis_points, rollout.control_basis_points),
+        (1000, 1000)
+    );
+
+    // Two proxies report: the cohort errs on a quarter of its requests, control on 1%.
+    for (proxy, cohort, control) in [
+        ("proxy-a", arm(80, 20), arm(80, 1)),
+        ("proxy-b", arm(80, 20), arm(80, 1)),
+    ] {
+        client
+            .report_rollout(RolloutReport {
+                target: Some(target.clone()),
+                revision: policy.revision.clone(),
+                rollout: "fail-closed".into(),
+                proxy: proxy.into(),
+                cohort: Some(cohort),
+                control: Some(control),
+                interval: None,
+            })
+            .await
+            .expect("the report is accepted");
+    }
+
+    // The controller rolls the cohort back: proxies are served the policy without it...
+    let (back, _) = next_matching(&mut stream, "the policy without its rollout", |p| {
+        p.rollout.is_none()
+    })
+    .await
+    .unwrap();
+    assert_eq!(back.revision, policy.revision);
+    // ...the status says which threshold, by how much, over what...
+    let status = server
+        .wait_for(EVENT_TIMEOUT, "status.rollout RolledBack", |s| {
+            let p = s.object(POLICY_API, "InferencePolicy", NS, "llm")?;
+            (p["status"]["rollout"]["phase"] == "RolledBack").then(|| p["status"].clone())
+        })
+        .await;
+    let r = &status["rollout"];
+    assert_eq!(r["name"], "fail-closed", "{r}");
+    assert_eq!(r["crossed"], "errorRate", "{r}");
+    assert_eq!(
+        (&r["cohort"]["requests"], &r["control"]["requests"]),
+        (&json!(160), &json!(160)),
+        "{r}"
+    );
+    let t = &r["thresholds"][0];
+    assert_eq!(
+        (&t["threshold"], &t["limit"], &t["crossed"]),
+        (&json!("errorRate"), &json!(0.02), &json!(true)),
+        "{t}"
+    );
+    assert!(
+        t["low"].as_f64().unwrap() > 0.02 && t["closeness"].as_f64().unwrap() > 1.0,
+        "{t}"
+    );
+    let condition = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Rollout")
+        .cloned()
+        .expect("a Rollout condition");
+    assert_eq!(
+        (&condition["status"], &condition["reason"]),
+        (&json!("False"), &json!("ThresholdCrossed")),
+        "{condition}"
+    );
+    assert!(
+        condition["message"].as_str().unwrap().contains("errorRate"),
+        "{condition}"
+    );
+    // ...and a Warning Event.
+    let event = server
+        .wait_for(EVENT_TIMEOUT, "RolloutRolledBack", |s| {
+            s.objects("events.k8s.io/v1", "Event")
+                .into_iter()
+                .find(|e| e["reason"] == "RolloutRolledBack" && e["regarding"]["name"] == "llm")
+        })
+        .await;
+    assert_eq!(event["type"], "Warning", "{event}");
+    assert!(
+        event["note"].as_str().unwrap().contains("errorRate"),
+        "{event}"
+    );
+
+    // A restarted controller reads the rollback back from status: not served again.
+    drop(stream);
+    drop(ctl);
+    let ctl = start(&server, &tls).await;
+    ctl.wait_admin_status("/ready", 200).await.unwrap();
+    let mut client = InferencePoliciesClient::new(ctl.channel().await.unwrap());
+    let served = client.get(target.clone()).await.unwrap().into_inner();
+    assert!(!served.models.is_empty());
+    assert_eq!(
+        served.rollout, None,
+        "a rolled-back rollout is not served again"
+    );
+
+    // Promoted: the candidate's balancer is the policy's own, and no rollout travels.
+    let mut p = server
+        .object(POLICY_API, "InferencePolicy", NS, "llm")
+        .unwrap();
+    p["spec"]["rollout"]["name"] = json!("fail-closed-2");
+    p["spec"]["rollout"]["state"] = json!("Promoted");
+    server.put(p);
+    let mut stream = client.watch(target).await.unwrap().into_inner();
+    let (promoted, _) = next_matching(&mut stream, "the promoted policy", |p| {
+        p.balancer.as_ref().is_some_and(|b| b.failure_mode == 2)
+    })
+    .await
+    .unwrap();
+    assert_eq!(promoted.rollout, None);
+    let phase = server
+        .wait_for(EVENT_TIMEOUT, "status.rollout Promoted", |s| {
+            let p = s.object(POLICY_API, "InferencePolicy", NS, "llm")?;
+            (p["status"]["rollout"]["phase"] == "Promoted").then(|| p["status"]["rollout"].clone())
+        })
+        .await;
+    assert_eq!(phase["name"], "fail-closed-2", "{phase}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
