@@ -169,9 +169,10 @@ pub struct Config {
     /// The control plane's engine-signals service (`EngineSignals.Watch`, the controller's
     /// `--signals-addr`), e.g. `http://kinference-signals.kinference:8092`. With it, each pool's
     /// engine readings come from the service's stream, and this proxy reads the engines itself
-    /// only while the stream is down (docs/signals.md).
-    #[arg(long, env = "KINFERENCE_PROXY_SIGNALS_ADDR")]
-    pub signals_addr: Option<http::Uri>,
+    /// only while the stream is down (docs/signals.md). Several, comma-separated, are controller
+    /// replicas tried in turn: a stream that fails moves to the next before falling back.
+    #[arg(long, env = "KINFERENCE_PROXY_SIGNALS_ADDR", value_delimiter = ',')]
+    pub signals_addr: Vec<http::Uri>,
 
     /// How long the signal stream may be silent before the proxy reads the engines directly, in
     /// milliseconds (the service refreshes idle engines more often than this).
@@ -335,8 +336,11 @@ impl Config {
 
     /// Where engine readings come from: the signal service when `--signals-addr` names one.
     pub fn signal_service(&self) -> Option<crate::signals::ServiceConfig> {
+        if self.signals_addr.is_empty() {
+            return None;
+        }
         Some(crate::signals::ServiceConfig {
-            addr: self.signals_addr.clone()?,
+            addrs: self.signals_addr.clone(),
             stale: Duration::from_millis(self.signals_stale_ms.max(1)),
             fallback_interval: Duration::from_millis(self.signals_fallback_interval_ms.max(1)),
             connect_timeout: self.scrape_timeout().max(Duration::from_millis(250)),

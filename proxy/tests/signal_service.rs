@@ -5,6 +5,8 @@
 //! - Without the service each proxy reads every engine itself, so an engine's reads grow with the
 //!   mesh; with it the controller reads each engine once and the reads stay where one proxy puts
 //!   them, whatever the mesh's size.
+//! - Either of two controller replicas serves: when the one a proxy streams from dies, the proxy
+//!   moves to the other without reading the engines itself.
 //! - When the service is killed, partitioned or too slow, every proxy falls back to reading the
 //!   engines itself (bounded by `--signals-fallback-interval-ms`), every request is still answered,
 //!   and every proxy returns to the service when it is back.
@@ -20,8 +22,9 @@ use client::ProxyClient;
 use kinference_local::{
     Programs, Proxy, Stack, StackOptions,
     poll::wait_until,
+    process::Stderr,
     relay::{Mode, Relay},
-    stack::spawn_proxy,
+    stack::{spawn_controller_to, spawn_proxy},
 };
 use serde_json::{Value, json};
 use std::{net::SocketAddr, path::Path, time::Duration};
@@ -66,15 +69,13 @@ async fn start_stack() -> Stack {
     stack
 }
 
-/// Starts `n` proxies side by side; `signals` is the service's address, if they use one.
-async fn spawn_mesh(
-    stack: &Stack,
-    n: usize,
-    signals: Option<SocketAddr>,
-) -> Vec<(Proxy, ProxyClient)> {
+/// Starts `n` proxies side by side; `signals` are the service's addresses (its replicas), if they
+/// use one.
+async fn spawn_mesh(stack: &Stack, n: usize, signals: &[SocketAddr]) -> Vec<(Proxy, ProxyClient)> {
     let mut extra = vec![];
-    if let Some(addr) = signals {
-        extra = vec!["--signals-addr".into(), format!("http://{addr}")];
+    if !signals.is_empty() {
+        let addrs: Vec<String> = signals.iter().map(|a| format!("http://{a}")).collect();
+        extra = vec!["--signals-addr".into(), addrs.join(",")];
     }
     let starts: Vec<_> = (0..n)
         .map(|_| {
@@ -194,17 +195,17 @@ async fn an_engines_reads_do_not_grow_with_the_mesh() {
     let over = Duration::from_secs(3);
 
     // Without the service: each proxy reads each engine every SCRAPE_MS, twice (/metrics, /load).
-    let plain = spawn_mesh(&stack, n, None).await;
+    let plain = spawn_mesh(&stack, n, &[]).await;
     wait_for_source(&plain, endpoints, "engine", Duration::from_secs(30)).await;
     answered_by_all(&plain, "plain").await;
     let plain_rate = read_rates(&http, &stack, over).await;
     drop(plain);
 
     // With it: the controller reads each engine every SERVICE_MS, whatever the mesh.
-    let mut mesh = spawn_mesh(&stack, 1, Some(signals)).await;
+    let mut mesh = spawn_mesh(&stack, 1, &[signals]).await;
     wait_for_source(&mesh, endpoints, "service", Duration::from_secs(30)).await;
     let one_rate = read_rates(&http, &stack, over).await;
-    mesh.extend(spawn_mesh(&stack, n - 1, Some(signals)).await);
+    mesh.extend(spawn_mesh(&stack, n - 1, &[signals]).await);
     wait_for_source(&mesh, endpoints, "service", Duration::from_secs(30)).await;
     answered_by_all(&mesh, "service").await;
     let mesh_rate = read_rates(&http, &stack, over).await;
@@ -243,7 +244,7 @@ async fn the_mesh_survives_the_service_killed_partitioned_and_slow() {
     let http = reqwest::Client::new();
     // The proxies reach the service through a relay the test can partition and slow.
     let relay = Relay::start(signals).await.unwrap();
-    let mesh = spawn_mesh(&stack, n, Some(relay.addr)).await;
+    let mesh = spawn_mesh(&stack, n, &[relay.addr]).await;
     wait_for_source(&mesh, endpoints, "service", Duration::from_secs(30)).await;
     answered_by_all(&mesh, "before").await;
     // Within the bound the fallback keeps: each proxy reads each engine every FALLBACK_MS.
@@ -263,6 +264,11 @@ async fn the_mesh_survives_the_service_killed_partitioned_and_slow() {
     );
     let reason = mesh[0].1.endpoints().await[0]["signals_fallback_reason"].clone();
     assert!(reason.is_string(), "a fallback says why: {reason}");
+    let fallbacks = mesh[0]
+        .1
+        .metric("kinference_proxy_signal_fallbacks_total", &[])
+        .await;
+    assert!(fallbacks >= 1.0, "a fallback is counted: {fallbacks}");
     // Restarted on the same addresses: back to the service.
     let s = &mut stack;
     tokio::task::block_in_place(|| s.restart_controller(Duration::ZERO)).expect("it restarts");
@@ -294,4 +300,48 @@ async fn the_mesh_survives_the_service_killed_partitioned_and_slow() {
     relay.set(Mode::Open);
     wait_for_source(&mesh, endpoints, "service", back_within).await;
     answered_by_all(&mesh, "after").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn either_replica_serves() {
+    let n = mesh_size();
+    let mut stack = start_stack().await;
+    let first = stack
+        .controller
+        .signals
+        .expect("the controller serves signals");
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let (program, manifests) = (
+        stack.programs.controller.clone(),
+        stack.manifests.path().to_path_buf(),
+    );
+    let extra = stack.controller.extra.clone();
+    let second = tokio::task::spawn_blocking(move || {
+        spawn_controller_to(&program, &manifests, any, any, &extra, &Stderr::quiet(true))
+    })
+    .await
+    .unwrap()
+    .expect("a second controller replica starts");
+    let second_signals = second.signals.expect("the second replica serves signals");
+    let endpoints = stack.sims.len();
+    let mesh = spawn_mesh(&stack, n, &[first, second_signals]).await;
+    wait_for_source(&mesh, endpoints, "service", Duration::from_secs(30)).await;
+    answered_by_all(&mesh, "both").await;
+
+    // The replica each proxy streams from dies; the next one serves it (the discovery stream
+    // stays on the first controller's address: the proxies keep their policy cached).
+    stack.controller.proc.kill();
+    tokio::time::sleep(Duration::from_millis(STALE_MS * 4)).await;
+    wait_for_source(&mesh, endpoints, "service", Duration::from_secs(10)).await;
+    answered_by_all(&mesh, "one left").await;
+    for (i, (_, c)) in mesh.iter().enumerate() {
+        let fallbacks = c
+            .metric("kinference_proxy_signal_fallbacks_total", &[])
+            .await;
+        assert_eq!(
+            fallbacks, 0.0,
+            "proxy {i} fell back to the engines although a replica served"
+        );
+    }
+    drop(second);
 }

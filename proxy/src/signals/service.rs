@@ -17,7 +17,9 @@
 //! (an empty delta when nothing changed), so a stream silent for `stale`, a failed connection or
 //! an ended stream all turn the pool to direct reads at `fallback_interval`, counted in
 //! `kinference_proxy_signal_fallbacks_total` and shown in `/debug/endpoints`. The task keeps
-//! reconnecting with backoff, and the pool returns to the service with the next snapshot.
+//! reconnecting with backoff, and the pool returns to the service with the next snapshot. With
+//! several addresses (controller replicas, any of which serves) a failed stream moves to the next
+//! at once, and backs off only when a whole round has failed.
 
 use crate::{
     endpoints::EndpointTable,
@@ -43,8 +45,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How a proxy reaches the signal service.
 #[derive(Clone, Debug)]
 pub struct ServiceConfig {
-    /// The service's address (`http://host:port`).
-    pub addr: http::Uri,
+    /// The service's addresses (`http://host:port`): one, or each controller replica's, tried
+    /// in turn. Never empty.
+    pub addrs: Vec<http::Uri>,
     /// How long the stream may be silent before the pool reads its engines directly.
     pub stale: Duration,
     /// How often each endpoint is read directly meanwhile.
@@ -134,26 +137,52 @@ pub fn spawn_pool(params: PoolParams) -> PoolStream {
     }
 }
 
+/// A channel endpoint for each of the service's addresses.
+fn endpoints(config: &ServiceConfig) -> Vec<(http::Uri, tonic::transport::Endpoint)> {
+    config
+        .addrs
+        .iter()
+        .map(|addr| {
+            let e = tonic::transport::Endpoint::from(addr.clone())
+                .connect_timeout(config.connect_timeout)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(config.stale)
+                .keep_alive_timeout(config.stale);
+            (addr.clone(), e)
+        })
+        .collect()
+}
+
 async fn follow(p: PoolParams, tx: watch::Sender<Source>) {
-    let endpoint = tonic::transport::Endpoint::from(p.config.addr.clone())
-        .connect_timeout(p.config.connect_timeout)
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(p.config.stale)
-        .keep_alive_timeout(p.config.stale);
+    let replicas = endpoints(&p.config);
     let live = p
         .metrics
         .signal_stream_live
         .get_or_create(&p.labels)
         .clone();
     let mut backoff = BACKOFF_MIN;
+    // The replica tried next, and how many have failed in a row without delivering anything.
+    let (mut next, mut failed) = (0, 0);
     loop {
-        let (why, spoke) = stream_once(&p, &endpoint, &tx).await;
+        let (addr, endpoint) = &replicas[next % replicas.len()];
+        next += 1;
+        let (why, spoke) = stream_once(&p, addr, endpoint, &tx).await;
         live.set(0);
+        failed = if spoke { 1 } else { failed + 1 };
+        if spoke {
+            backoff = BACKOFF_MIN;
+        }
+        // Another replica not yet tried in this round: try it at once, still trusting the
+        // readings held (they age, and `stale` bounds how long they are used).
+        if failed < replicas.len() {
+            tracing::debug!(pool = %p.labels.pool, %addr, %why, "signal service replica failed: trying the next");
+            continue;
+        }
         if tx.borrow().fallback_reason().is_none() {
             p.metrics.signal_fallbacks.get_or_create(&p.labels).inc();
             tracing::warn!(
                 pool = %p.labels.pool,
-                addr = %p.config.addr,
+                %addr,
                 %why,
                 "signal service unavailable: reading the engines directly"
             );
@@ -163,9 +192,7 @@ async fn follow(p: PoolParams, tx: watch::Sender<Source>) {
         let source = Source::Fallback(why);
         p.table.record_signal_source(&p.destination, source.clone());
         tx.send_replace(source);
-        if spoke {
-            backoff = BACKOFF_MIN;
-        }
+        failed = 0;
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
@@ -174,6 +201,7 @@ async fn follow(p: PoolParams, tx: watch::Sender<Source>) {
 /// Holds one stream until it fails; why it ended, and whether it delivered anything.
 async fn stream_once(
     p: &PoolParams,
+    addr: &http::Uri,
     endpoint: &tonic::transport::Endpoint,
     tx: &watch::Sender<Source>,
 ) -> (String, bool) {
@@ -220,7 +248,7 @@ async fn stream_once(
         apply_notices(&update, arrived, p);
         updates.inc();
         if update.full && *tx.borrow() != Source::Service {
-            tracing::info!(pool = %p.labels.pool, addr = %p.config.addr, "reading engines through the signal service");
+            tracing::info!(pool = %p.labels.pool, %addr, "reading engines through the signal service");
             live.set(1);
             p.table
                 .record_signal_source(&p.destination, Source::Service);
@@ -408,11 +436,8 @@ pub fn spawn_notifier(
     mut tap: tokio::sync::mpsc::Receiver<OwnNotice>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let endpoint = tonic::transport::Endpoint::from(config.addr.clone())
-            .connect_timeout(config.connect_timeout)
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(config.stale)
-            .keep_alive_timeout(config.stale);
+        let replicas = endpoints(&config);
+        let mut next = 0;
         let count = |labels: &PoolLabels, result: &'static str, n: u64| {
             metrics
                 .signal_notices
@@ -426,6 +451,8 @@ pub fn spawn_notifier(
         let mut backoff = BACKOFF_MIN;
         loop {
             let (tx, rx) = tokio::sync::mpsc::channel::<api::NoticeBatch>(16);
+            let (_, endpoint) = &replicas[next % replicas.len()];
+            next += 1;
             let call = match endpoint.connect().await {
                 Ok(channel) => Some(tokio::spawn(async move {
                     EngineSignalsClient::new(channel)

@@ -198,7 +198,7 @@ async fn a_pool_reads_through_the_service_falls_back_when_it_fails_and_returns()
             interval: Duration::from_millis(20),
             timeout: Duration::from_secs(1),
             service: Some(ServiceConfig {
-                addr: format!("http://{service_addr}").parse().unwrap(),
+                addrs: vec![format!("http://{service_addr}").parse().unwrap()],
                 stale: Duration::from_millis(200),
                 fallback_interval: Duration::from_millis(50),
                 connect_timeout: Duration::from_millis(250),
