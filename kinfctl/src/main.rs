@@ -1,12 +1,14 @@
 //! `kinfctl`: Kinference's command line, in the manner of `linkerd`: it prints the manifests that
 //! install the control plane, and injects workloads' manifests, so that both work with nothing but
 //! `kubectl apply`; it checks a cluster before and after the install, or a local system; and it
-//! explains where a prompt would be routed and why.
+//! explains where a prompt would be routed and why; it shows a rollout against its thresholds and
+//! promotes or aborts it.
 
 mod check;
 mod explain;
 mod inject;
 mod install;
+mod rollout;
 mod viz;
 
 use clap::{Parser, Subcommand};
@@ -31,6 +33,8 @@ enum Command {
     Explain(explain::Args),
     /// Per-tenant stats, busiest routes and live decisions from kinference-viz.
     Viz(viz::Args),
+    /// A policy's rollout: its status against the thresholds, and promote or abort it.
+    Rollout(rollout::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,5 +44,6 @@ fn main() -> anyhow::Result<()> {
         Command::Check(args) => check::run(args),
         Command::Explain(args) => explain::run(args),
         Command::Viz(args) => viz::run(args),
+        Command::Rollout(args) => rollout::run(args),
     }
 }
