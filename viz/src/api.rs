@@ -1,4 +1,5 @@
-//! The JSON views: stat, flows, endpoints, decisions, top and policies.
+//! The JSON views: stat, flows, endpoints, decisions, top, policies and the rollouts
+//! ([`rollouts`]).
 //!
 //! Each view is computed on request from Prometheus, the proxies and the policy source, so the
 //! dashboard, `kinfctl viz` and tests read the same numbers. A source that cannot be reached is
@@ -13,6 +14,8 @@ use crate::{
 };
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
+
+pub mod rollouts;
 
 /// What viz reads.
 #[derive(Clone, Debug)]
@@ -33,6 +36,8 @@ pub enum Error {
     Query(#[from] queries::Error),
     #[error("limit {0:?} is not a number from 1 to 10000")]
     Limit(String),
+    #[error("missing query parameter {0}")]
+    Missing(&'static str),
 }
 
 fn window(q: &BTreeMap<String, String>) -> Result<Window, Error> {

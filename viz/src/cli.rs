@@ -48,6 +48,9 @@ struct ServeArgs {
     /// Read policies from this manifest directory instead of the Kubernetes API.
     #[arg(long, env = "KINFERENCE_VIZ_MANIFESTS")]
     manifests: Option<PathBuf>,
+    /// A directory of `kinfctl replay` reports (`*.json`) for the experiment page.
+    #[arg(long, env = "KINFERENCE_VIZ_REPLAY_DIR")]
+    replay_dir: Option<PathBuf>,
     /// `json` or `plain`.
     #[arg(long, env = "KINFERENCE_VIZ_LOG_FORMAT", default_value = "json")]
     log_format: String,
@@ -115,7 +118,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     println!("kinference-viz listen={addr}");
     tracing::info!(%addr, prometheus = %args.prometheus_url, "serving");
     tokio::select! {
-        _ = server::serve(listener, state) => {}
+        _ = server::serve_with(listener, state, server::Options { replay_dir: args.replay_dir }) => {}
         _ = tokio::signal::ctrl_c() => {}
     }
     Ok(())

@@ -230,10 +230,12 @@ pub fn from_manifests(dir: &Path) -> Result<Policies, Error> {
         }
     }
     let errors = shared.read().policy_errors().clone();
-    // Quality-guard conditions come from the proxies' reports, which only the controller has.
+    // Quality-guard and rollout conditions come from the proxies' reports, which only the
+    // controller has.
     let statuses = kinference_policy_k8s_watch::status::desired_statuses(
         &objects,
         &errors,
+        &BTreeMap::new(),
         &BTreeMap::new(),
         k8s_openapi::jiff::Timestamp::now(),
     );

@@ -1,7 +1,11 @@
-//! A small client of Prometheus' HTTP query API (`/api/v1/query`).
+//! A small client of Prometheus' HTTP query API (`/api/v1/query` and `/api/v1/query_range`).
 //!
-//! Viz never keeps its own time series: every figure is a PromQL instant query, so the numbers on
-//! the dashboard are the numbers anyone gets from the same Prometheus.
+//! Viz never keeps its own time series: every figure is a PromQL instant query, and every chart a
+//! range query, so the numbers on the dashboard are the numbers anyone gets from the same
+//! Prometheus.
+
+#[cfg(test)]
+pub mod fake;
 
 use serde::Deserialize;
 use std::{collections::BTreeMap, time::Duration};
@@ -31,6 +35,23 @@ pub struct Sample {
     pub value: Option<f64>,
 }
 
+/// One series of a range query: its labels and its points, oldest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    pub labels: BTreeMap<String, String>,
+    /// `(unix seconds, value)`; `None` for NaN and infinities (a quantile with no requests in its
+    /// window), which a chart draws as a gap.
+    pub points: Vec<(f64, Option<f64>)>,
+}
+
+/// The time span and resolution of a range query, in unix seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Range {
+    pub start: f64,
+    pub end: f64,
+    pub step_s: f64,
+}
+
 /// A Prometheus server.
 #[derive(Clone, Debug)]
 pub struct Prometheus {
@@ -54,6 +75,14 @@ struct Data {
     #[serde(rename = "resultType")]
     result_type: String,
     result: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct MatrixSeries {
+    #[serde(default)]
+    metric: BTreeMap<String, String>,
+    #[serde(default)]
+    values: Vec<(f64, String)>,
 }
 
 #[derive(Deserialize)]
@@ -90,9 +119,9 @@ impl Prometheus {
         matches!(self.client.get(&url).send().await, Ok(r) if r.status().is_success())
     }
 
-    /// Runs an instant query now.
-    pub async fn query(&self, promql: &str) -> Result<Vec<Sample>, Error> {
-        let url = format!("{}/api/v1/query", self.base_url);
+    /// Posts a form to one of the query endpoints and returns the answer's data.
+    async fn post(&self, path: &str, form: &str) -> Result<Data, Error> {
+        let url = format!("{}{path}", self.base_url);
         let rsp = self
             .client
             .post(&url)
@@ -100,7 +129,7 @@ impl Prometheus {
                 reqwest::header::CONTENT_TYPE,
                 "application/x-www-form-urlencoded",
             )
-            .body(format!("query={}", encode_component(promql)))
+            .body(form.to_string())
             .send()
             .await
             .map_err(|source| Error::Http {
@@ -128,7 +157,17 @@ impl Prometheus {
                 error: answer.error.unwrap_or_default(),
             });
         }
-        let data = answer.data.ok_or_else(|| Error::Decode("no data".into()))?;
+        answer.data.ok_or_else(|| Error::Decode("no data".into()))
+    }
+
+    /// Runs an instant query now.
+    pub async fn query(&self, promql: &str) -> Result<Vec<Sample>, Error> {
+        let data = self
+            .post(
+                "/api/v1/query",
+                &format!("query={}", encode_component(promql)),
+            )
+            .await?;
         match data.result_type.as_str() {
             "vector" => {
                 let samples: Vec<VectorSample> = serde_json::from_value(data.result)
@@ -153,6 +192,38 @@ impl Prometheus {
                 "result type {other}; viz asks for instant vectors"
             ))),
         }
+    }
+
+    /// Runs a range query over `range`: one series per label set, each point the expression's
+    /// value at that step.
+    pub async fn query_range(&self, promql: &str, range: Range) -> Result<Vec<Series>, Error> {
+        let form = format!(
+            "query={}&start={:.3}&end={:.3}&step={}",
+            encode_component(promql),
+            range.start,
+            range.end,
+            range.step_s
+        );
+        let data = self.post("/api/v1/query_range", &form).await?;
+        if data.result_type != "matrix" {
+            return Err(Error::Decode(format!(
+                "result type {}; a range query answers a matrix",
+                data.result_type
+            )));
+        }
+        let series: Vec<MatrixSeries> =
+            serde_json::from_value(data.result).map_err(|e| Error::Decode(e.to_string()))?;
+        Ok(series
+            .into_iter()
+            .map(|s| Series {
+                labels: s.metric,
+                points: s
+                    .values
+                    .into_iter()
+                    .map(|(t, v)| (t, parse_value(&v)))
+                    .collect(),
+            })
+            .collect())
     }
 }
 
@@ -180,6 +251,61 @@ mod tests {
             encode_component(r#"sum by (tenant) (rate(x{a="b"}[1m]))"#),
             "sum%20by%20%28tenant%29%20%28rate%28x%7Ba%3D%22b%22%7D%5B1m%5D%29%29"
         );
+    }
+
+    #[tokio::test]
+    async fn a_range_query_sends_its_span_and_reads_a_matrix() {
+        let fake = fake::FakePrometheus::start(|_, _| {
+            serde_json::json!({"status": "success", "data": {"resultType": "matrix", "result": [
+                {"metric": {"arm": "cohort"}, "values": [[100, "0.5"], [110, "NaN"], [120, "0.7"]]}
+            ]}})
+        })
+        .await;
+        let prom = Prometheus::new(&fake.url, Duration::from_secs(5));
+        let range = Range {
+            start: 100.0,
+            end: 120.0,
+            step_s: 10.0,
+        };
+        let series = prom.query_range("up", range).await.unwrap();
+        assert_eq!(series.len(), 1);
+        assert_eq!(series[0].labels["arm"], "cohort");
+        assert_eq!(
+            series[0].points,
+            vec![(100.0, Some(0.5)), (110.0, None), (120.0, Some(0.7))]
+        );
+        let asked = fake.asked();
+        assert_eq!(asked[0].path, "/api/v1/query_range");
+        assert_eq!(asked[0].form["query"], "up");
+        assert_eq!(asked[0].form["start"], "100.000");
+        assert_eq!(asked[0].form["end"], "120.000");
+        assert_eq!(asked[0].form["step"], "10");
+        // An instant vector where a matrix belongs is refused, not read as empty.
+        let vector = fake::FakePrometheus::start(|_, _| {
+            serde_json::json!({"status": "success", "data": {"resultType": "vector", "result": []}})
+        })
+        .await;
+        let prom = Prometheus::new(&vector.url, Duration::from_secs(5));
+        assert!(matches!(
+            prom.query_range("up", range).await,
+            Err(Error::Decode(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_refused_query_is_an_error() {
+        let fake = fake::FakePrometheus::start(|_, _| {
+            serde_json::json!({"status": "error", "errorType": "bad_data", "error": "parse error"})
+        })
+        .await;
+        let prom = Prometheus::new(&fake.url, Duration::from_secs(5));
+        match prom.query("sum(").await {
+            Err(Error::Query { error_type, error }) => {
+                assert_eq!(error_type, "bad_data");
+                assert_eq!(error, "parse error");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub enum Error {
         "cannot group by {0:?}: use tenant, requested_model, model (the served model), pool or service_class"
     )]
     GroupBy(String),
+    #[error("rollout {0:?} is not a name (letters, digits, '-', '.', '_')")]
+    Rollout(String),
 }
 
 impl Window {
@@ -38,6 +40,18 @@ impl Window {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The duration in seconds.
+    pub fn seconds(&self) -> u64 {
+        let (digits, unit) = self.0.split_at(self.0.len() - 1);
+        let n: u64 = digits.parse().unwrap_or(1);
+        n * match unit {
+            "m" => 60,
+            "h" => 3600,
+            "d" => 86_400,
+            _ => 1,
+        }
     }
 }
 
@@ -313,6 +327,216 @@ impl EndpointFigure {
     }
 }
 
+/// A rollout's name as it may appear in a label selector: a Kubernetes name (letters, digits,
+/// `-`, `.`, `_`, at most 253), so that it needs no escaping in PromQL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RolloutName(String);
+
+impl RolloutName {
+    pub fn parse(s: &str) -> Result<Self, Error> {
+        let ok = !s.is_empty()
+            && s.len() <= 253
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+        if ok {
+            Ok(Self(s.to_string()))
+        } else {
+            Err(Error::Rollout(s.to_string()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The per-arm figures of the experiment page's table, over the window, each by `rollout` and
+/// `arm` (the proxies' `kinference_proxy_rollout_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArmFigure {
+    RequestsPerS,
+    /// Requests by `outcome` (`ok`, `error`, `fallback`, `timeout`), over the window: the rates
+    /// are computed from these, so they add up to the requests.
+    Outcomes,
+    TtftP50,
+    TtftP90,
+    TtftP99,
+    CostUsd,
+}
+
+impl ArmFigure {
+    pub const ALL: [ArmFigure; 6] = [
+        Self::RequestsPerS,
+        Self::Outcomes,
+        Self::TtftP50,
+        Self::TtftP90,
+        Self::TtftP99,
+        Self::CostUsd,
+    ];
+
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::RequestsPerS => "requests_per_s",
+            Self::Outcomes => "requests",
+            Self::TtftP50 => "ttft_p50_s",
+            Self::TtftP90 => "ttft_p90_s",
+            Self::TtftP99 => "ttft_p99_s",
+            Self::CostUsd => "cost_usd",
+        }
+    }
+
+    pub fn promql(self, window: &Window) -> String {
+        let quantile = |q: f64| {
+            format!(
+                "histogram_quantile({q}, sum by (rollout, arm, le) (rate(kinference_proxy_rollout_ttft_seconds_bucket[{window}])))"
+            )
+        };
+        match self {
+            Self::RequestsPerS => format!(
+                "sum by (rollout, arm) (rate(kinference_proxy_rollout_requests_total[{window}]))"
+            ),
+            Self::Outcomes => format!(
+                "sum by (rollout, arm, outcome) (increase(kinference_proxy_rollout_requests_total[{window}]))"
+            ),
+            Self::TtftP50 => quantile(0.5),
+            Self::TtftP90 => quantile(0.9),
+            Self::TtftP99 => quantile(0.99),
+            Self::CostUsd => format!(
+                "sum by (rollout, arm) (increase(kinference_proxy_rollout_cost_usd_total[{window}]))"
+            ),
+        }
+    }
+}
+
+/// The rollouts the proxies have measured (all time), by name.
+pub fn rollouts_measured() -> String {
+    "sum by (rollout) (kinference_proxy_rollout_requests_total)".to_string()
+}
+
+/// The time series of the experiment page's charts, one line per arm, for one rollout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RolloutSeries {
+    TtftP50,
+    TtftP90,
+    /// Requests answered with an error (`outcome="error"`) over all requests of the arm; 0, not
+    /// missing, while the arm has requests and no errors.
+    ErrorRate,
+    /// The arm's cost over its requests: arms of different shares compare per request.
+    CostPerRequest,
+    RequestsPerS,
+}
+
+impl RolloutSeries {
+    pub const ALL: [RolloutSeries; 5] = [
+        Self::TtftP50,
+        Self::TtftP90,
+        Self::ErrorRate,
+        Self::CostPerRequest,
+        Self::RequestsPerS,
+    ];
+
+    /// The name in the API's JSON.
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::TtftP50 => "ttft_p50_s",
+            Self::TtftP90 => "ttft_p90_s",
+            Self::ErrorRate => "error_rate",
+            Self::CostPerRequest => "cost_per_request_usd",
+            Self::RequestsPerS => "requests_per_s",
+        }
+    }
+
+    /// The query for `rollout`, each point a rate over `rate_window` (at least a minute, and at
+    /// least the step, so that no request falls between two points).
+    pub fn promql(self, rollout: &RolloutName, rate_window: &Window) -> String {
+        let r = rollout.as_str();
+        let w = rate_window;
+        let requests = format!(
+            "sum by (arm) (rate(kinference_proxy_rollout_requests_total{{rollout=\"{r}\"}}[{w}]))"
+        );
+        let quantile = |q: f64| {
+            format!(
+                "histogram_quantile({q}, sum by (arm, le) (rate(kinference_proxy_rollout_ttft_seconds_bucket{{rollout=\"{r}\"}}[{w}])))"
+            )
+        };
+        match self {
+            Self::TtftP50 => quantile(0.5),
+            Self::TtftP90 => quantile(0.9),
+            Self::ErrorRate => format!(
+                "(sum by (arm) (rate(kinference_proxy_rollout_requests_total{{rollout=\"{r}\",outcome=\"error\"}}[{w}])) or {requests} * 0) / {requests}"
+            ),
+            Self::CostPerRequest => format!(
+                "sum by (arm) (rate(kinference_proxy_rollout_cost_usd_total{{rollout=\"{r}\"}}[{w}])) / {requests}"
+            ),
+            Self::RequestsPerS => requests,
+        }
+    }
+}
+
+/// The controller's view of each rollout (`kinference_controller_rollout_*`, from the
+/// controller's admin `/metrics`), by policy and rollout. With several controller replicas the
+/// largest value is shown: the most alarming closeness, the current phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControllerFigure {
+    /// 1 for the current phase (`Running`, `RolledBack`, `Promoted`, `Aborted`).
+    Phase,
+    /// How close the cohort is to each threshold: 0 no change against control, 1 at the limit,
+    /// above 1 crossed (the favourable end of the interval).
+    ThresholdRatio,
+    /// The estimate the ratio is made of: a rate difference, a TTFT ratio or a saturation.
+    ThresholdEstimate,
+    /// The declared limit.
+    ThresholdLimit,
+    /// Rollbacks by the threshold crossed (all time).
+    Rollbacks,
+}
+
+impl ControllerFigure {
+    pub const ALL: [ControllerFigure; 5] = [
+        Self::Phase,
+        Self::ThresholdRatio,
+        Self::ThresholdEstimate,
+        Self::ThresholdLimit,
+        Self::Rollbacks,
+    ];
+
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::Phase => "phase",
+            Self::ThresholdRatio => "ratio",
+            Self::ThresholdEstimate => "estimate",
+            Self::ThresholdLimit => "limit",
+            Self::Rollbacks => "rollbacks",
+        }
+    }
+
+    pub fn promql(self) -> String {
+        let by_threshold =
+            |agg: &str, m: &str| format!("{agg} by (policy, rollout, threshold) ({m})");
+        match self {
+            Self::Phase => {
+                "max by (policy, rollout, phase) (kinference_controller_rollout_phase) == 1".into()
+            }
+            Self::ThresholdRatio => {
+                by_threshold("max", "kinference_controller_rollout_threshold_ratio")
+            }
+            Self::ThresholdEstimate => {
+                by_threshold("max", "kinference_controller_rollout_threshold_estimate")
+            }
+            Self::ThresholdLimit => {
+                by_threshold("max", "kinference_controller_rollout_threshold_limit")
+            }
+            Self::Rollbacks => by_threshold("sum", "kinference_controller_rollout_rollbacks_total"),
+        }
+    }
+}
+
+/// The controller's rollout queries (the metric-name test reads the controller's exposition for
+/// these, the proxy's and vLLM's for [`all`]).
+pub fn controller_all() -> Vec<String> {
+    ControllerFigure::ALL.iter().map(|f| f.promql()).collect()
+}
+
 /// Every query viz can run, with the widest grouping, for the metric-name test.
 pub fn all() -> Vec<String> {
     let w = Window::default();
@@ -330,6 +554,10 @@ pub fn all() -> Vec<String> {
     out.push(guard_states());
     out.push(guard_gaps());
     out.extend(EndpointFigure::ALL.iter().map(|f| f.promql(&w)));
+    out.extend(ArmFigure::ALL.iter().map(|f| f.promql(&w)));
+    out.push(rollouts_measured());
+    let r = RolloutName("cheaper".into());
+    out.extend(RolloutSeries::ALL.iter().map(|f| f.promql(&r, &w)));
     out
 }
 
@@ -344,6 +572,62 @@ mod tests {
         for bad in ["", "m", "0m", "1", "1y", "1m]) or vector(1", "-1m", "1.5m"] {
             assert_eq!(Window::parse(bad), Err(Error::Window(bad.into())), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_window_knows_its_seconds() {
+        for (w, s) in [
+            ("30s", 30),
+            ("1m", 60),
+            ("15m", 900),
+            ("6h", 21_600),
+            ("1d", 86_400),
+        ] {
+            assert_eq!(Window::parse(w).unwrap().seconds(), s, "{w}");
+        }
+    }
+
+    #[test]
+    fn rollout_names_cannot_break_out_of_a_selector() {
+        assert_eq!(
+            RolloutName::parse("cheaper-v2.1_a").unwrap().as_str(),
+            "cheaper-v2.1_a"
+        );
+        for bad in ["", "a\"", "a\"} or vector(1) or x{b=\"", "a b", "a\\"] {
+            assert_eq!(
+                RolloutName::parse(bad),
+                Err(Error::Rollout(bad.into())),
+                "{bad}"
+            );
+        }
+        assert!(RolloutName::parse(&"a".repeat(254)).is_err());
+    }
+
+    #[test]
+    fn rollout_series_select_the_rollout_and_keep_one_line_per_arm() {
+        let r = RolloutName::parse("cheaper").unwrap();
+        let w = Window::parse("1m").unwrap();
+        assert_eq!(
+            RolloutSeries::TtftP90.promql(&r, &w),
+            "histogram_quantile(0.9, sum by (arm, le) (rate(kinference_proxy_rollout_ttft_seconds_bucket{rollout=\"cheaper\"}[1m])))"
+        );
+        // An arm without errors reads 0 (the `or ... * 0`), not a missing line.
+        let requests =
+            "sum by (arm) (rate(kinference_proxy_rollout_requests_total{rollout=\"cheaper\"}[1m]))";
+        assert_eq!(
+            RolloutSeries::ErrorRate.promql(&r, &w),
+            format!(
+                "(sum by (arm) (rate(kinference_proxy_rollout_requests_total{{rollout=\"cheaper\",outcome=\"error\"}}[1m])) or {requests} * 0) / {requests}"
+            )
+        );
+        assert_eq!(
+            ArmFigure::TtftP50.promql(&Window::parse("5m").unwrap()),
+            "histogram_quantile(0.5, sum by (rollout, arm, le) (rate(kinference_proxy_rollout_ttft_seconds_bucket[5m])))"
+        );
+        assert_eq!(
+            ControllerFigure::Phase.promql(),
+            "max by (policy, rollout, phase) (kinference_controller_rollout_phase) == 1"
+        );
     }
 
     #[test]

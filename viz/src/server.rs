@@ -3,6 +3,9 @@
 //!
 //! The dashboard is one HTML file embedded in the binary (no build step); it polls the API every
 //! two seconds, so a page left open follows the traffic.
+//!
+//! [`Options`] holds what only the server needs beside [`State`] (the replay reports' directory),
+//! so that [`serve`] keeps its signature for those who embed viz (`kinference-local`).
 
 use crate::api::State;
 use bytes::Bytes;
@@ -17,6 +20,7 @@ use serde_json::{Value, json};
 use std::{
     collections::BTreeMap,
     convert::Infallible,
+    path::PathBuf,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -28,15 +32,24 @@ use tokio::net::TcpListener;
 pub const DASHBOARD_HTML: &str = include_str!("server/dashboard.html");
 
 /// The API paths, in the order `/metrics` lists them.
-const PATHS: [&str; 7] = [
+const PATHS: [&str; 9] = [
     "/api/stat",
     "/api/flows",
     "/api/endpoints",
     "/api/decisions",
     "/api/top",
     "/api/policies",
+    "/api/rollouts",
+    "/api/rollouts/series",
     "/",
 ];
+
+/// What the server reads besides [`State`].
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// The directory of `kinfctl replay` reports (`*.json`) the experiment page lists.
+    pub replay_dir: Option<PathBuf>,
+}
 
 /// viz's own counters.
 #[derive(Debug, Default)]
@@ -136,6 +149,7 @@ pub fn parse_query(q: Option<&str>) -> BTreeMap<String, String> {
 /// Answers one request.
 pub async fn handle(
     state: Arc<State>,
+    options: Arc<Options>,
     counters: Arc<Counters>,
     req: http::Request<Incoming>,
 ) -> http::Response<Body> {
@@ -183,6 +197,12 @@ pub async fn handle(
         "/api/decisions" => state.decisions(&q).await,
         "/api/top" => state.top(&q).await,
         "/api/policies" => Ok(state.policies().await),
+        "/api/rollouts" => {
+            crate::api::rollouts::rollouts(&state, options.replay_dir.as_deref(), &q).await
+        }
+        "/api/rollouts/series" => {
+            crate::api::rollouts::series(&state, &q, crate::clock::unix_now()).await
+        }
         _ => {
             return json_rsp(
                 StatusCode::NOT_FOUND,
@@ -209,19 +229,27 @@ pub async fn handle(
 
 /// Serves until the task is dropped.
 pub async fn serve(listener: TcpListener, state: State) {
+    serve_with(listener, state, Options::default()).await
+}
+
+/// Serves with `options` until the task is dropped.
+pub async fn serve_with(listener: TcpListener, state: State, options: Options) {
     let state = Arc::new(state);
+    let options = Arc::new(options);
     let counters = Arc::new(Counters::default());
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
         let state = state.clone();
+        let options = options.clone();
         let counters = counters.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let state = state.clone();
+                let options = options.clone();
                 let counters = counters.clone();
-                async move { Ok::<_, Infallible>(handle(state, counters, req).await) }
+                async move { Ok::<_, Infallible>(handle(state, options, counters, req).await) }
             });
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), svc)

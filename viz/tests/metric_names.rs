@@ -55,7 +55,10 @@ fn uses(promql: &str) -> (Vec<(String, BTreeSet<String>)>, BTreeSet<String>) {
             i += 1;
         }
         let word: String = chars[start..i].iter().collect();
-        if word.starts_with("kinference_proxy_") || word.starts_with("vllm:") {
+        if word.starts_with("kinference_proxy_")
+            || word.starts_with("kinference_controller_")
+            || word.starts_with("vllm:")
+        {
             let mut labels = BTreeSet::new();
             if chars.get(i) == Some(&'{') {
                 let end = chars[i..].iter().position(|c| *c == '}').unwrap() + i;
@@ -233,6 +236,21 @@ fn every_queried_metric_and_label_is_exported() {
     // A rule that matched (whether the classifier tags this run's prompt low is not fixed).
     m.route
         .rule_decisions("t", "m", "n", ["low-complexity-may-use-qwen"].into_iter());
+    // A rollout's arms (the local stack declares no rollout): the experiment page's families.
+    let arm = kinference_proxy::metrics::RolloutLabels {
+        rollout: s("r"),
+        arm: s("cohort"),
+    };
+    m.rollout
+        .requests
+        .get_or_create(&kinference_proxy::metrics::RolloutOutcomeLabels {
+            rollout: s("r"),
+            arm: s("cohort"),
+            outcome: s("error"),
+        })
+        .inc();
+    m.rollout.ttft_seconds.get_or_create(&arm).observe(0.3);
+    m.rollout.cost_usd.get_or_create(&arm).inc_by(0.01);
     for (name, labels) in exposition(&m.encode()) {
         exported.entry(name).or_insert(labels);
     }
@@ -286,6 +304,71 @@ fn every_queried_metric_and_label_is_exported() {
     ] {
         assert!(!by_name_only.contains(m), "{m} had no sample");
     }
+}
+
+/// The controller's exposition with one rollout judged and rolled back, so that each
+/// `kinference_controller_rollout_*` family has a sample with the controller's own labels.
+fn controller_exposition() -> BTreeMap<String, BTreeSet<String>> {
+    use kinference_policy_core::rollout::{
+        Comparison, Threshold,
+        judge::{Outcome, Rollback},
+        window::RolloutKey,
+    };
+    let m = kinference_policy_controller::metrics::Metrics::new();
+    let crossed = Comparison {
+        threshold: Threshold::TtftP90,
+        estimate: 1.5,
+        low: 1.3,
+        high: 1.7,
+        limit: 1.2,
+    };
+    let outcome = Outcome {
+        name: "r".into(),
+        comparisons: vec![crossed],
+        ..Outcome::default()
+    };
+    m.rollout
+        .set_outcomes(&[(("ns".to_string(), "p".to_string()), outcome)].into());
+    m.rollout.rolled_back(&Rollback {
+        key: RolloutKey {
+            namespace: "ns".into(),
+            policy: "p".into(),
+            rollout: "r".into(),
+        },
+        crossed,
+        message: String::new(),
+    });
+    exposition(&m.encode().unwrap())
+}
+
+#[test]
+fn every_queried_controller_metric_and_label_is_exported() {
+    let exported = controller_exposition();
+    let queries = kinference_viz::queries::controller_all();
+    let mut checked = 0;
+    for q in &queries {
+        let (metrics, grouping) = uses(q);
+        assert!(!metrics.is_empty(), "no controller metric in {q}");
+        for (metric, selector) in metrics {
+            let labels = exported.get(&metric).unwrap_or_else(|| {
+                panic!(
+                    "{metric} is not in the controller's exposition (it has {:?})\n{q}",
+                    exported
+                        .keys()
+                        .filter(|k| k.starts_with("kinference_controller_rollout"))
+                        .collect::<Vec<_>>()
+                )
+            });
+            for l in selector.iter().chain(grouping.iter()) {
+                assert!(
+                    labels.contains(l),
+                    "{metric} has no label {l} (it has {labels:?})\n{q}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, queries.len(), "{queries:?}");
 }
 
 #[test]

@@ -102,6 +102,7 @@ impl Controller {
             },
             clock: Arc::new(SystemClock),
             guards: Arc::default(),
+            rollouts: Arc::default(),
         };
         let client = server.client("controller");
         Self(tokio::spawn(async move {
