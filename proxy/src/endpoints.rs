@@ -41,6 +41,9 @@ pub struct EndpointInfo {
 pub struct KvSubscription {
     /// `tcp://IP:PORT`.
     pub publisher: String,
+    /// The pool's rule for it (what the signal service is told, to subscribe in the proxy's
+    /// stead).
+    pub port: kinference_decision::policy::KvEventsPort,
     pub topic: String,
     /// The pool's tokenizer contract, when the proxy knows it (else events are mirrored but
     /// prompts are not matched against them).
@@ -344,6 +347,7 @@ fn desired(
             let kv_events = m.kv_events.as_ref().and_then(|k| {
                 Some(KvSubscription {
                     publisher: k.publisher(ep.addr)?,
+                    port: k.port,
                     topic: k.topic.clone(),
                     tokenizer: Tokenizer::from_name(&k.tokenizer),
                 })

@@ -370,6 +370,9 @@ pub struct SignalMetrics {
     pub signal_notices: Family<NoticeLabels, Counter>,
     pub kv_event_batches: Family<PoolLabels, Counter>,
     pub kv_event_errors: Family<KvErrorLabels, Counter>,
+    /// Prefix-cache deltas from the signal service applied to the precise index (the engines'
+    /// KV events, subscribed to once by the controller).
+    pub signal_prefix_deltas: Family<PoolLabels, Counter>,
 }
 
 /// How the outbound listener served its connections.
@@ -556,6 +559,12 @@ impl Metrics {
             &mut r,
             "kv_event_batches",
             "vLLM KV-event batches applied to the precise prefix index",
+            Family::default(),
+        );
+        let signal_prefix_deltas = registered(
+            &mut r,
+            "signal_prefix_deltas",
+            "Prefix-cache deltas (block hashes stored and removed) from the signal service applied to the precise prefix index",
             Family::default(),
         );
         let kv_event_errors = registered(
@@ -745,6 +754,7 @@ impl Metrics {
                 signal_reading_age_seconds,
                 kv_event_batches,
                 kv_event_errors,
+                signal_prefix_deltas,
             },
             server: ConnectionMetrics {
                 connections,

@@ -104,6 +104,11 @@ pub fn spawn(
                     pools
                         .entry((e.destination.clone(), e.engine))
                         .or_insert_with(|| {
+                            // Every endpoint of a pool publishes by the pool's one rule.
+                            let kv_events = current
+                                .iter()
+                                .filter(|o| o.destination == e.destination && o.engine == e.engine)
+                                .find_map(|o| o.kv_events.as_ref().map(service::kv_source));
                             service::spawn_pool(service::PoolParams {
                                 config: service.clone(),
                                 destination: e.destination.clone(),
@@ -116,6 +121,7 @@ pub fn spawn(
                                 router: router.clone(),
                                 metrics: metrics.clone(),
                                 sender: sender.clone(),
+                                kv_events,
                             })
                         });
                 }
@@ -131,6 +137,7 @@ pub fn spawn(
                         Some((pool.source.clone(), s.fallback_interval))
                     }),
                 };
+                let kv_service = reads.service.as_ref().map(|(source, _)| source.clone());
                 let task = Tasks {
                     scrape: tokio::spawn(scrape_loop(
                         endpoints.clone(),
@@ -148,6 +155,7 @@ pub fn spawn(
                             scraper.clone(),
                             e.clone(),
                             sub,
+                            kv_service.clone(),
                         ))
                     }),
                 };
@@ -207,6 +215,7 @@ async fn kv_loop(
     scraper: Scraper,
     endpoint: EndpointInfo,
     sub: KvSubscription,
+    service: Option<tokio::sync::watch::Receiver<service::Source>>,
 ) {
     let labels = PoolLabels {
         pool: endpoint.pool.clone(),
@@ -228,34 +237,93 @@ async fn kv_loop(
             return;
         }
     }
-    let mut rx = subscribe_kv_events_with(KvEventsConfig::new(sub.publisher.clone(), sub.topic));
-    tracing::debug!(endpoint = %endpoint.id, publisher = %sub.publisher, "subscribing to KV events");
-    while let Some(item) = rx.recv().await {
-        match item {
-            Ok(events) => {
-                metrics.kv_event_batches.get_or_create(&labels).inc();
-                if router.apply_kv_events(&endpoint.id, &events) {
-                    table.record_kv_batch(&endpoint.id, &events, router.now());
-                }
+    let mut service = service;
+    let mut took_over = false;
+    loop {
+        // While the signal service streams the pool's prefix changes, it subscribes for this
+        // proxy: stand down until it is away.
+        if let Some(source) = service.as_mut() {
+            let gone = source
+                .wait_for(|s| *s != service::Source::Service)
+                .await
+                .is_err();
+            if gone {
+                // The pool's stream is gone (the pool left the policy): subscribe alone.
+                service = None;
             }
-            Err(error) => {
-                metrics
-                    .kv_event_errors
-                    .get_or_create(&KvErrorLabels {
-                        pool: labels.pool.clone(),
-                        model: labels.model.clone(),
-                        reason: kv_error_reason(&error).into(),
-                    })
-                    .inc();
-                tracing::debug!(endpoint = %endpoint.id, %error, "KV event stream");
-                // Lost events make the mirror inexact: it is cleared (under-stating the overlap
-                // until new events arrive is safe; over-stating it is not).
-                let lost = error.events_lost();
-                if lost {
-                    router.apply_kv_events(&endpoint.id, &[KvEvent::AllBlocksCleared]);
-                }
-                table.record_kv_error(&endpoint.id, error.to_string(), lost);
+            if took_over {
+                // What the mirror holds came from the service; events missed between the two
+                // would over-state it.
+                router.apply_kv_events(&endpoint.id, &[KvEvent::AllBlocksCleared]);
             }
+        }
+        took_over = true;
+        let mut rx = subscribe_kv_events_with(KvEventsConfig::new(
+            sub.publisher.clone(),
+            sub.topic.clone(),
+        ));
+        tracing::debug!(endpoint = %endpoint.id, publisher = %sub.publisher, "subscribing to KV events");
+        loop {
+            // `Err(true)`: the service is back (stand down); `Err(false)`: its stream is gone (go
+            // on alone).
+            let item = match service.as_mut() {
+                Some(source) => tokio::select! {
+                    item = rx.recv() => Ok(item),
+                    back = source.wait_for(|s| *s == service::Source::Service) => Err(back.is_ok()),
+                },
+                None => Ok(rx.recv().await),
+            };
+            let item = match item {
+                Ok(Some(item)) => item,
+                // The subscriber stopped (it never does while its receiver lives).
+                Ok(None) => return,
+                Err(false) => {
+                    service = None;
+                    continue;
+                }
+                Err(true) => {
+                    tracing::debug!(endpoint = %endpoint.id, "KV events through the signal service");
+                    break;
+                }
+            };
+            apply_kv_item(&table, &router, &metrics, &endpoint, &labels, item);
+        }
+    }
+}
+
+/// One item of an endpoint's own KV-event subscription.
+fn apply_kv_item(
+    table: &EndpointTable,
+    router: &RouterHandle,
+    metrics: &SignalMetrics,
+    endpoint: &EndpointInfo,
+    labels: &PoolLabels,
+    item: Result<Vec<KvEvent>, KvEventError>,
+) {
+    match item {
+        Ok(events) => {
+            metrics.kv_event_batches.get_or_create(labels).inc();
+            if router.apply_kv_events(&endpoint.id, &events) {
+                table.record_kv_batch(&endpoint.id, &events, router.now());
+            }
+        }
+        Err(error) => {
+            metrics
+                .kv_event_errors
+                .get_or_create(&KvErrorLabels {
+                    pool: labels.pool.clone(),
+                    model: labels.model.clone(),
+                    reason: kv_error_reason(&error).into(),
+                })
+                .inc();
+            tracing::debug!(endpoint = %endpoint.id, %error, "KV event stream");
+            // Lost events make the mirror inexact: it is cleared (under-stating the overlap
+            // until new events arrive is safe; over-stating it is not).
+            let lost = error.events_lost();
+            if lost {
+                router.apply_kv_events(&endpoint.id, &[KvEvent::AllBlocksCleared]);
+            }
+            table.record_kv_error(&endpoint.id, error.to_string(), lost);
         }
     }
 }

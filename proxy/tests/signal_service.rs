@@ -4,7 +4,8 @@
 //!
 //! - Without the service each proxy reads every engine itself, so an engine's reads grow with the
 //!   mesh; with it the controller reads each engine once and the reads stay where one proxy puts
-//!   them, whatever the mesh's size.
+//!   them, whatever the mesh's size. The engines' KV events reach the proxies' prefix indexes
+//!   through the service as block-hash deltas, with no subscription of their own.
 //! - Either of two controller replicas serves: when the one a proxy streams from dies, the proxy
 //!   moves to the other without reading the engines itself.
 //! - When the service is killed, partitioned or too slow, every proxy falls back to reading the
@@ -209,6 +210,32 @@ async fn an_engines_reads_do_not_grow_with_the_mesh() {
     wait_for_source(&mesh, endpoints, "service", Duration::from_secs(30)).await;
     answered_by_all(&mesh, "service").await;
     let mesh_rate = read_rates(&http, &stack, over).await;
+
+    // Prefix knowledge through the service too: a prompt sent through one proxy is known to be
+    // cached at the endpoint that served it by another, which holds no KV-event subscription of
+    // its own while the service streams.
+    let (sender, other) = (&mesh[0].1, &mesh[1].1);
+    let own = "kinference_proxy_kv_event_batches_total";
+    let relayed = "kinference_proxy_signal_prefix_deltas_total";
+    let (own_before, relayed_before) = (
+        other.metric(own, &[]).await,
+        other.metric(relayed, &[]).await,
+    );
+    let words: Vec<String> = (0..400).map(|i| format!("w{i}")).collect();
+    let body = json!({"model": "glm-5.3", "messages": [{"role": "user", "content": words.join(" ")}], "max_tokens": 2});
+    let rsp = sender.post_chat(&body, "prefix-through-the-service").await;
+    assert_eq!(rsp.status(), 200);
+    let endpoint = client::served_by(&rsp);
+    let held = other.wait_for_blocks_held(&endpoint, 2).await;
+    assert_eq!(
+        other.metric(own, &[]).await,
+        own_before,
+        "the other proxy subscribed itself: {held}"
+    );
+    assert!(
+        other.metric(relayed, &[]).await > relayed_before,
+        "no prefix delta came through the service"
+    );
 
     eprintln!(
         "reads/s at each engine: {n} proxies without the service {plain_rate:.0?}, \

@@ -301,6 +301,7 @@ async fn watcher(
         .watch(api::SignalsTarget {
             path,
             engine: String::new(),
+            kv_events: None,
         })
         .await
         .expect("watch")

@@ -4,11 +4,14 @@
 //! in the controller's index (the set `Destination.Get` streams) and keeps one scrape loop per
 //! endpoint, each writing its readings into the pool's `watch` channel. A [`Subscription`] holds
 //! the pool alive; when the last one is dropped (its stream ended, its sidecar went away), the
-//! pool's tasks are aborted. A watcher that reads slowly sees only the latest state.
+//! pool's tasks are aborted. A watcher that reads slowly sees only the latest state. When the
+//! first watcher says where the pool's endpoints publish KV events, each endpoint also gets one
+//! KV-event subscription, mirrored in the pool's [`PoolPrefix`].
 
 use crate::{
     delta::{Entry, PoolState},
     metrics::{PoolLabels, ScrapeLabels, SignalsMetrics},
+    prefix::{self, PoolPrefix},
     probe::Probe,
 };
 use kinference_policy_core::{DiscoverEndpoints, PoolEndpoints, PoolRef};
@@ -77,6 +80,7 @@ struct Pool {
     state: watch::Receiver<PoolState>,
     task: JoinHandle<()>,
     notices: broadcast::Sender<Relayed>,
+    prefix: Arc<PoolPrefix>,
 }
 
 /// A notice as the hub holds it: with when it arrived, so each stream adds the time it waited to
@@ -96,8 +100,17 @@ pub struct Subscription {
     /// Every notice sent on the pool while subscribed (a ring: a watcher that lags loses the
     /// oldest, and is told how many).
     pub notices: broadcast::Receiver<Relayed>,
-    _pool: Arc<Pool>,
+    /// The endpoints' held blocks and their changes since (empty without KV events).
+    pub prefix: prefix::Feed,
+    pool: Arc<Pool>,
     watchers: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Subscription {
+    /// A fresh snapshot of every endpoint's blocks, for a watcher that lagged past the ring.
+    pub fn resync_prefix(&mut self) {
+        self.prefix = self.pool.prefix.feed();
+    }
 }
 
 impl Drop for Subscription {
@@ -130,6 +143,17 @@ where
     /// Watches `pool`, read as `engine` when this starts its loops; `None` when the index knows
     /// no such pool.
     pub fn subscribe(&self, pool: &PoolRef, engine: Engine) -> Option<Subscription> {
+        self.subscribe_with(pool, engine, None)
+    }
+
+    /// [`Hub::subscribe`], also following the endpoints' KV events from `kv` when this starts the
+    /// pool's loops.
+    pub fn subscribe_with(
+        &self,
+        pool: &PoolRef,
+        engine: Engine,
+        kv: Option<prefix::Source>,
+    ) -> Option<Subscription> {
         let mut pools = self.inner.pools.lock();
         pools.retain(|_, p| p.strong_count() > 0);
         let shared = match pools.get(pool).and_then(Weak::upgrade) {
@@ -137,19 +161,24 @@ where
             None => {
                 let endpoints = self.inner.discover.watch_endpoints(pool)?;
                 let (tx, rx) = watch::channel(PoolState::default());
+                let prefix = Arc::new(PoolPrefix::default());
                 let task = tokio::spawn(follow(
                     endpoints,
                     tx,
-                    self.inner.probe.clone(),
-                    engine,
-                    self.inner.config.interval,
-                    self.inner.metrics.clone(),
-                    label(pool),
+                    Reader {
+                        probe: self.inner.probe.clone(),
+                        engine,
+                        interval: self.inner.config.interval,
+                        metrics: self.inner.metrics.clone(),
+                        pool: label(pool),
+                    },
+                    kv.map(|kv| (kv, prefix.clone())),
                 ));
                 let p = Arc::new(Pool {
                     state: rx,
                     task,
                     notices: broadcast::channel(NOTICE_BACKLOG).0,
+                    prefix,
                 });
                 pools.insert(pool.clone(), Arc::downgrade(&p));
                 p
@@ -165,7 +194,8 @@ where
         Some(Subscription {
             state: shared.state.clone(),
             notices: shared.notices.subscribe(),
-            _pool: shared,
+            prefix: shared.prefix.feed(),
+            pool: shared,
             watchers,
         })
     }
@@ -206,18 +236,32 @@ impl Drop for Aborting {
     }
 }
 
-/// Keeps one scrape loop per endpoint of the pool until aborted.
-async fn follow<P: Probe>(
-    mut endpoints: watch::Receiver<PoolEndpoints>,
-    tx: watch::Sender<PoolState>,
+/// How a pool's endpoints are read.
+#[derive(Clone, Debug)]
+struct Reader<P> {
     probe: P,
     engine: Engine,
     interval: Duration,
     metrics: SignalsMetrics,
     pool: String,
+}
+
+/// An endpoint's tasks: its scrape loop and, with KV events, its subscription.
+#[derive(Debug)]
+struct EndpointTasks {
+    _scrape: Aborting,
+    _kv: Option<Aborting>,
+}
+
+/// Keeps one scrape loop (and KV-event subscription) per endpoint of the pool until aborted.
+async fn follow<P: Probe>(
+    mut endpoints: watch::Receiver<PoolEndpoints>,
+    tx: watch::Sender<PoolState>,
+    reader: Reader<P>,
+    kv: Option<(prefix::Source, Arc<PoolPrefix>)>,
 ) {
     let tx = Arc::new(tx);
-    let mut loops: HashMap<SocketAddr, Aborting> = HashMap::new();
+    let mut loops: HashMap<SocketAddr, EndpointTasks> = HashMap::new();
     loop {
         let current: Vec<SocketAddr> = endpoints
             .borrow_and_update()
@@ -226,7 +270,13 @@ async fn follow<P: Probe>(
             .copied()
             .collect();
         let before = loops.len();
-        loops.retain(|a, _| current.contains(a));
+        loops.retain(|a, _| {
+            let keep = current.contains(a);
+            if !keep && let Some((_, prefix)) = &kv {
+                prefix.forget(&a.to_string());
+            }
+            keep
+        });
         if loops.len() != before {
             tx.send_modify(|s| {
                 s.endpoints
@@ -234,16 +284,15 @@ async fn follow<P: Probe>(
             });
         }
         for addr in current {
-            loops.entry(addr).or_insert_with(|| {
-                Aborting(tokio::spawn(scrape_loop(
-                    addr,
-                    tx.clone(),
-                    probe.clone(),
-                    engine,
-                    interval,
-                    metrics.clone(),
-                    pool.clone(),
-                )))
+            loops.entry(addr).or_insert_with(|| EndpointTasks {
+                _scrape: Aborting(tokio::spawn(scrape_loop(addr, tx.clone(), reader.clone()))),
+                _kv: kv.as_ref().map(|(source, prefix)| {
+                    Aborting(tokio::spawn(prefix::follow(
+                        addr,
+                        source.clone(),
+                        prefix.clone(),
+                    )))
+                }),
             });
         }
         if endpoints.changed().await.is_err() {
@@ -256,12 +305,15 @@ async fn follow<P: Probe>(
 async fn scrape_loop<P: Probe>(
     addr: SocketAddr,
     tx: Arc<watch::Sender<PoolState>>,
-    probe: P,
-    engine: Engine,
-    interval: Duration,
-    metrics: SignalsMetrics,
-    pool: String,
+    reader: Reader<P>,
 ) {
+    let Reader {
+        probe,
+        engine,
+        interval,
+        metrics,
+        pool,
+    } = reader;
     let key = addr.to_string();
     let counter = |result| {
         metrics

@@ -10,11 +10,13 @@
 //!
 //! [`delta`] decides what each stream sends (a snapshot, then only changed readings, each with its
 //! age); [`probe`] reads one engine behind a small trait, so the hub is tested without sockets;
+//! [`prefix`] mirrors each engine's KV events once and relays them as block-hash deltas;
 //! [`service`] is the gRPC face (`EngineSignals.Watch`).
 
 pub mod delta;
 pub mod hub;
 pub mod metrics;
+pub mod prefix;
 pub mod probe;
 pub mod service;
 

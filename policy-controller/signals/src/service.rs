@@ -97,9 +97,15 @@ where
                 tonic::Status::invalid_argument(format!("unknown engine {:?}", target.engine))
             })?
         };
+        let kv = match &target.kv_events {
+            None => None,
+            Some(k) => Some(crate::prefix::Source::from_api(k).ok_or_else(|| {
+                tonic::Status::invalid_argument("kv_events names no usable publisher port")
+            })?),
+        };
         let sub = self
             .hub
-            .subscribe(&pool, engine)
+            .subscribe_with(&pool, engine, kv)
             .ok_or_else(|| tonic::Status::not_found(target.path.clone()))?;
         let lost = self
             .hub
@@ -155,9 +161,12 @@ where
 
 /// The most notices one message carries.
 const MAX_NOTICES_PER_MESSAGE: usize = 512;
+/// The most prefix deltas one message carries.
+const MAX_PREFIX_PER_MESSAGE: usize = 256;
 
-/// The stream of one subscription: the snapshot, then numbered deltas with the sidecars' notices
-/// since the last message. A stream with nothing new for `refresh` sends an empty delta, so a
+/// The stream of one subscription: the snapshot (with every endpoint's held blocks), then
+/// numbered deltas with the sidecars' notices and the engines' prefix changes since the last
+/// message. A stream with nothing new for `refresh` sends an empty delta, so a
 /// sidecar tells a quiet pool (no endpoints, or engines that stopped answering) from a dead
 /// stream by silence alone.
 pub fn updates(
@@ -175,12 +184,19 @@ pub fn updates(
                     let mut msg = None;
                     let mut notices = Vec::new();
                     let mut notices_lost = 0u64;
+                    let mut prefix: Vec<Arc<api::PrefixDelta>> = Vec::new();
+                    let mut resync = false;
                     if sent.is_some() {
                         tokio::select! {
                             biased;
                             n = sub.notices.recv() => match n {
                                 Ok(n) => notices.push(n),
                                 Err(broadcast::error::RecvError::Lagged(k)) => notices_lost += k,
+                                Err(broadcast::error::RecvError::Closed) => return None,
+                            },
+                            d = sub.prefix.deltas.recv() => match d {
+                                Ok(d) => prefix.push(d),
+                                Err(broadcast::error::RecvError::Lagged(_)) => resync = true,
                                 Err(broadcast::error::RecvError::Closed) => return None,
                             },
                             changed = tokio::time::timeout_at(last + heartbeat, sub.state.changed()) => {
@@ -198,13 +214,37 @@ pub fn updates(
                                 Err(_) => break,
                             }
                         }
+                        while !resync && prefix.len() < MAX_PREFIX_PER_MESSAGE {
+                            match sub.prefix.deltas.try_recv() {
+                                Ok(d) => prefix.push(d),
+                                Err(broadcast::error::TryRecvError::Lagged(_)) => resync = true,
+                                Err(_) => break,
+                            }
+                        }
                     }
+                    // The first message, or a watcher that lagged past the ring: every
+                    // endpoint's held blocks, which supersede any delta collected.
+                    let first = sent.is_none();
+                    if resync {
+                        sub.resync_prefix();
+                    }
+                    let snapshot = if first || resync {
+                        prefix.clear();
+                        std::mem::take(&mut sub.prefix.snapshot)
+                    } else {
+                        Vec::new()
+                    };
                     let now = tokio::time::Instant::now();
                     if msg.is_none() {
                         let state = sub.state.borrow_and_update();
                         msg = delta::next(&mut sent, &state, now, refresh);
                     }
-                    if msg.is_none() && (!notices.is_empty() || notices_lost > 0) {
+                    if msg.is_none()
+                        && (!notices.is_empty()
+                            || notices_lost > 0
+                            || !prefix.is_empty()
+                            || !snapshot.is_empty())
+                    {
                         msg = Some(api::SignalsUpdate::default());
                     }
                     if let Some(mut msg) = msg {
@@ -222,6 +262,8 @@ pub fn updates(
                             })
                             .collect();
                         msg.notices_lost = notices_lost;
+                        msg.prefix = snapshot;
+                        msg.prefix.extend(prefix.iter().map(|d| (**d).clone()));
                         lost.inc_by(notices_lost);
                         last = now;
                         return Some((Ok(msg), (sub, sent, version, last)));
@@ -337,6 +379,7 @@ mod tests {
             .watch(api::SignalsTarget {
                 path: path.into(),
                 engine: String::new(),
+                kv_events: None,
             })
             .await
             .unwrap()
@@ -407,6 +450,7 @@ mod tests {
             .watch(tonic::Request::new(api::SignalsTarget {
                 path: "nope".into(),
                 engine: String::new(),
+                kv_events: None,
             }))
             .await
             .err()
@@ -416,6 +460,7 @@ mod tests {
             .watch(tonic::Request::new(api::SignalsTarget {
                 path: "other.default.inferencepool.kinference.io".into(),
                 engine: String::new(),
+                kv_events: None,
             }))
             .await
             .err()

@@ -7,6 +7,11 @@
 //! on this proxy's clock by the age the message carries. The endpoint scrapers then only read
 //! what the service does not carry (the context window, rarely).
 //!
+//! With KV events, the stream carries the engines' prefix-cache changes too (block-hash deltas,
+//! the controller subscribed once per engine), applied to the precise index; the endpoint's own
+//! KV-event subscription then stands down, and takes over again (from an emptied mirror) while
+//! the service is away.
+//!
 //! The stream also carries the other sidecars' notices (their dispatches, first tokens and
 //! completions on the pool's endpoints, relayed by the service), which the router adds to its
 //! endpoints' queues ([`kinference_routing::Router::observe_notice`]); [`spawn_notifier`] sends
@@ -31,7 +36,7 @@ use kinference_proxy_api::signals::{
 };
 use kinference_proxy_signals::Engine;
 use kinference_routing::{
-    EndpointId, Notice, Scrape,
+    EndpointId, KvEvent, Notice, Scrape,
     endpoint::{CacheConfig, PrefixCacheCounters},
     inflight::InFlightRequest,
 };
@@ -123,6 +128,22 @@ pub struct PoolParams {
     pub metrics: SignalMetrics,
     /// This target's name in notices: its own are skipped when the stream relays them back.
     pub sender: String,
+    /// Where the pool's endpoints publish KV events: the service is asked to subscribe in this
+    /// proxy's stead and stream the prefix knowledge.
+    pub kv_events: Option<api::KvEventsSource>,
+}
+
+/// The service's form of a pool's KV-event publisher rule.
+pub fn kv_source(sub: &crate::endpoints::KvSubscription) -> api::KvEventsSource {
+    use api::kv_events_source::Port;
+    use kinference_decision::policy::KvEventsPort;
+    api::KvEventsSource {
+        port: Some(match sub.port {
+            KvEventsPort::Absolute(p) => Port::Absolute(u32::from(p)),
+            KvEventsPort::Offset(o) => Port::Offset(o),
+        }),
+        topic: sub.topic.clone(),
+    }
 }
 
 /// Starts following the pool's readings at the service.
@@ -213,6 +234,7 @@ async fn stream_once(
     let target = SignalsTarget {
         path: p.destination.clone(),
         engine: p.engine.name().to_string(),
+        kv_events: p.kv_events.clone(),
     };
     let watch = tokio::time::timeout(p.config.stale, client.watch(target));
     let mut stream = match watch.await {
@@ -246,6 +268,7 @@ async fn stream_once(
         spoke = true;
         applied.apply(&update, arrived, p);
         apply_notices(&update, arrived, p);
+        apply_prefix(&update, p);
         updates.inc();
         if update.full && *tx.borrow() != Source::Service {
             tracing::info!(pool = %p.labels.pool, %addr, "reading engines through the signal service");
@@ -253,6 +276,47 @@ async fn stream_once(
             p.table
                 .record_signal_source(&p.destination, Source::Service);
             tx.send_replace(Source::Service);
+        }
+    }
+}
+
+/// The engines' prefix-cache changes, applied to the precise index as the proxy's own KV-event
+/// subscription would apply them (the service sends only what the index uses: the hashes and the
+/// block size).
+fn apply_prefix(update: &api::SignalsUpdate, p: &PoolParams) {
+    use api::prefix_event::Event;
+    if update.prefix.is_empty() {
+        return;
+    }
+    let applied = p
+        .metrics
+        .signal_prefix_deltas
+        .get_or_create(&p.labels)
+        .clone();
+    let now = p.router.now();
+    for d in &update.prefix {
+        let Ok(addr) = d.addr.parse::<SocketAddr>() else {
+            continue;
+        };
+        let id = EndpointId::from(addr.to_string());
+        let mut events = Vec::with_capacity(d.events.len() + 1);
+        if d.reset {
+            events.push(KvEvent::AllBlocksCleared);
+        }
+        events.extend(d.events.iter().filter_map(|e| match e.event.as_ref()? {
+            Event::Stored(b) => Some(KvEvent::BlockStored {
+                block_hashes: b.hashes.clone(),
+                parent_block_hash: None,
+                token_ids: Vec::new(),
+                block_size: b.block_size_tokens,
+            }),
+            Event::Removed(b) => Some(KvEvent::BlockRemoved {
+                block_hashes: b.hashes.clone(),
+            }),
+        }));
+        if p.router.apply_kv_events(&id, &events) {
+            p.table.record_kv_batch(&id, &events, now);
+            applied.inc();
         }
     }
 }
