@@ -237,6 +237,21 @@ async fn an_engines_reads_do_not_grow_with_the_mesh() {
         "no prefix delta came through the service"
     );
 
+    let rss_mib: Vec<u64> = mesh
+        .iter()
+        .filter_map(|(p, _)| {
+            let status = std::fs::read_to_string(format!("/proc/{}/status", p.proc.id())).ok()?;
+            let kib: u64 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()?;
+            Some(kib / 1024)
+        })
+        .collect();
+    eprintln!("proxies' resident memory, MiB: {rss_mib:?}");
     eprintln!(
         "reads/s at each engine: {n} proxies without the service {plain_rate:.0?}, \
          1 proxy with it {one_rate:.0?}, {n} proxies with it {mesh_rate:.0?}"
