@@ -7,12 +7,14 @@
 //! PromQL asked of Prometheus directly. Each page is saved as a screenshot in a temporary
 //! directory, or in `KINFERENCE_SCREENSHOTS_DIR` when set: `just docs-screenshots` sets it to
 //! `docs/observability/` to regenerate the docs' pictures, so that running the tests never
-//! rewrites tracked files. Without Prometheus, Chromium or chromedriver (found when the test is
+//! rewrites tracked files. The experiment page's test drives the same Prometheus and browser over
+//! synthetic rollout traffic (see `e2e/experiment.rs`). Without Prometheus, Chromium or chromedriver (found when the test is
 //! built, see kinference-test-prereqs) the test is ignored, which nextest counts as skipped, and
 //! the guard test fails when `CI` is set.
 
 mod e2e {
     pub mod browser;
+    pub mod experiment;
     pub mod support;
 }
 
@@ -343,5 +345,291 @@ async fn dashboard_agrees_with_prometheus_under_load() {
     // Unless asked to (just docs-screenshots), the test leaves the tracked pictures as they were.
     if std::env::var_os("KINFERENCE_SCREENSHOTS_DIR").is_none() {
         assert_eq!(docs_pictures(), tracked, "the test rewrote {DOCS_PICTURES}");
+    }
+}
+
+/// The rollout page's JS probe: each chart's lines and legend, the tables' cells, and the
+/// threshold bars' drawn widths; `null` until every part has loaded.
+const ROLLOUT_PROBE: &str = r##"
+// The API check above waited for five minutes' worth of steps: chart the same range.
+const range = document.getElementById("rollout-range");
+if (range.value !== "5m") {
+  range.value = "5m";
+  range.dispatchEvent(new Event("change"));
+  return null;
+}
+if (!document.getElementById("rollout-span").textContent.includes("every 3 s")) return null;
+const charts = {};
+for (const f of document.querySelectorAll("#rollout-charts figure.chart")) {
+  charts[f.dataset.chart] = {
+    paths: [...f.querySelectorAll("path.line")].map((p) => ({ name: p.dataset.series, d: p.getAttribute("d") })),
+    legend: [...f.querySelectorAll(".legend-item")].map((l) => l.dataset.series),
+  };
+}
+const rows = (id) => [...document.querySelectorAll("#" + id + " tbody tr")].map((tr) => {
+  const o = {};
+  for (const td of tr.querySelectorAll("td[data-col]")) {
+    const v = td.getAttribute("data-value");
+    o[td.dataset.col] = { text: td.textContent, value: (v === null || v === "") ? null : Number(v) };
+  }
+  return o;
+});
+const d = { charts, arms: rows("arms-table"), thresholds: rows("thresholds-table"),
+  replays: rows("replays-table"), differing: rows("differing-table"),
+  bars: [...document.querySelectorAll("#thresholds-table tbody tr")].map((tr) => ({
+    threshold: tr.querySelector('td[data-col="threshold"]').textContent,
+    width: tr.querySelector(".tbar .fill").getBoundingClientRect().width })) };
+const lines = (c) => (charts[c] ? charts[c].paths.length : 0);
+if (lines("ttft") < 4 || lines("error_rate") < 2 || lines("cost") < 2 || lines("requests") < 2) return null;
+if (d.arms.length < 2 || d.thresholds.length < 3 || d.replays.length < 1) return null;
+return d;
+"##;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(all(has_prometheus, has_chromium)),
+    ignore = "needs Prometheus, Chromium and ChromeDriver (apt-get install prometheus chromium chromium-driver)"
+)]
+async fn experiment_page_charts_both_arms_with_thresholds_and_replays() {
+    use e2e::experiment::{self, Exporter};
+    use serde_json::Value;
+    let tracked = std::fs::read(PathBuf::from(DOCS_PICTURES).join("rollout.png")).ok();
+    let exporter = Exporter::start().await;
+    let prometheus = kinference_local::prometheus::PrometheusProc::start(
+        &PathBuf::from("/usr/bin/prometheus"),
+        &exporter.prometheus_config(),
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("Prometheus starts");
+    let prom = kinference_viz::prom::Prometheus::new(&prometheus.url, Duration::from_secs(10));
+    let replays = tempfile::tempdir().unwrap();
+    std::fs::write(
+        replays.path().join("cheaper-2025-01-01.json"),
+        experiment::REPLAY_REPORT,
+    )
+    .unwrap();
+    let manifests = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let viz = format!("http://{}", listener.local_addr().unwrap());
+    let state = kinference_viz::api::State {
+        prometheus: prom.clone(),
+        proxies: Vec::new(),
+        proxy_job: None,
+        policies: kinference_viz::policies::Source::Manifests(manifests.path().to_path_buf()),
+        http: reqwest::Client::new(),
+    };
+    let server = tokio::spawn(kinference_viz::server::serve_with(
+        listener,
+        state,
+        kinference_viz::server::Options {
+            replay_dir: Some(replays.path().to_path_buf()),
+        },
+    ));
+
+    // Enough history for lines: both arms with at least five points of TTFT p90.
+    let series_url = format!(
+        "{viz}/api/rollouts/series?rollout={}&range=5m",
+        experiment::ROLLOUT
+    );
+    let points = |v: &Value, chart: &str, arm: &str| {
+        v["series"][chart]
+            .as_array()
+            .and_then(|ls| ls.iter().find(|l| l["arm"] == arm))
+            .and_then(|l| l["points"].as_array())
+            .map_or(0, |ps| ps.iter().filter(|p| p[1].is_f64()).count())
+    };
+    let series = support::eventually(
+        "Prometheus has a chart's worth of both arms",
+        Duration::from_secs(60),
+        || async {
+            let v = support::get_json(&series_url).await;
+            (points(&v, "ttft_p90_s", "control") >= 5 && points(&v, "ttft_p90_s", "cohort") >= 5)
+                .then_some(v)
+        },
+    )
+    .await;
+    assert_eq!(series["errors"], serde_json::json!([]), "{series}");
+    assert_eq!(series["step_s"], 3.0, "{series}");
+    for chart in [
+        "ttft_p50_s",
+        "error_rate",
+        "cost_per_request_usd",
+        "requests_per_s",
+    ] {
+        for arm in ["control", "cohort"] {
+            assert!(points(&series, chart, arm) >= 3, "{chart} {arm}: {series}");
+        }
+    }
+
+    // The API's arms agree with the same PromQL asked of Prometheus.
+    let api = support::get_json(&format!("{viz}/api/rollouts?window=1m")).await;
+    assert_eq!(api["errors"], serde_json::json!([]), "{api}");
+    let r = &api["rollouts"][0];
+    assert_eq!(r["rollout"], experiment::ROLLOUT, "{api}");
+    assert_eq!(r["policy"], "default/llm", "{api}");
+    assert_eq!(r["phase"], "Running", "{api}");
+    let rps = support::prom_by(
+        &prom,
+        "sum by (arm) (rate(kinference_proxy_rollout_requests_total[1m]))",
+        "arm",
+    )
+    .await;
+    for arm in ["control", "cohort"] {
+        let got = r["arms"][arm]["requests_per_s"].as_f64().unwrap();
+        assert!(close(got, rps[arm], 0.15), "{arm}: {got} vs {}", rps[arm]);
+    }
+
+    // --- The page ---
+    let browser = Browser::start(
+        &PathBuf::from("/usr/bin/chromedriver"),
+        &PathBuf::from("/usr/bin/chromium"),
+    )
+    .await;
+    browser.resize(1700, 1400).await;
+    let page = browser
+        .open_until(&viz, "rollouts", ROLLOUT_PROBE, Duration::from_secs(30))
+        .await;
+    let names = |chart: &str, key: &str| -> Vec<String> {
+        let mut v: Vec<String> = page["charts"][chart][key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                if key == "paths" {
+                    p["name"].as_str().unwrap().to_string()
+                } else {
+                    p.as_str().unwrap().to_string()
+                }
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        names("ttft", "paths"),
+        ["cohort p50", "cohort p90", "control p50", "control p90"],
+        "{page}"
+    );
+    assert_eq!(names("ttft", "legend"), names("ttft", "paths"), "{page}");
+    for chart in ["error_rate", "cost", "requests"] {
+        assert_eq!(
+            names(chart, "paths"),
+            ["cohort", "control"],
+            "{chart}: {page}"
+        );
+        assert_eq!(
+            names(chart, "legend"),
+            ["cohort", "control"],
+            "{chart}: {page}"
+        );
+    }
+    // Every line is drawn through several points.
+    for p in page["charts"]["ttft"]["paths"].as_array().unwrap() {
+        let d = p["d"].as_str().unwrap();
+        assert!(d.starts_with('M') && d.matches('L').count() >= 3, "{p}");
+    }
+    // The arms' table: the cohort is the slower arm, as the traffic was made.
+    let arm = |name: &str| {
+        page["arms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["arm"]["text"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} row: {page}"))
+    };
+    let (cohort, control) = (arm("cohort"), arm("control"));
+    assert_eq!(cohort["phase"]["text"], "Running");
+    assert_eq!(cohort["policy"]["text"], "default/llm");
+    for q in ["ttft_p50_s", "ttft_p90_s"] {
+        let v = |r: &Value| r[q]["value"].as_f64().unwrap();
+        assert!(v(&cohort) > 1.2 * v(&control), "{q}: {cohort} {control}");
+    }
+    let cost = |r: &Value| r["cost_per_request_usd"]["value"].as_f64().unwrap();
+    assert!(cost(&cohort) < cost(&control), "{cohort} {control}");
+    assert!(
+        cohort["requests"]["value"].as_f64().unwrap() > 0.0,
+        "{cohort}"
+    );
+    // The thresholds: each ratio is the controller's closeness, each bar drawn to it.
+    let comparisons = experiment::comparisons();
+    for c in &comparisons {
+        let row = page["thresholds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["threshold"]["text"] == c.threshold.as_str())
+            .unwrap_or_else(|| panic!("no {} row: {page}", c.threshold.as_str()));
+        let ratio = row["ratio"]["value"].as_f64().unwrap();
+        assert!(
+            close(ratio, c.closeness(), 1e-9),
+            "{ratio} vs {}",
+            c.closeness()
+        );
+        assert!(
+            close(row["limit"]["value"].as_f64().unwrap(), c.limit, 1e-9),
+            "{row}"
+        );
+        assert_eq!(
+            row["ratio"]["text"].as_str().unwrap().contains("crossed"),
+            c.crossed(),
+            "{row}"
+        );
+    }
+    let width = |t: &str| {
+        page["bars"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["threshold"] == t)
+            .and_then(|b| b["width"].as_f64())
+            .unwrap()
+    };
+    // errorRate at 0.65 of its limit, ttftP90 crossed (1.2), timeoutRate better than control.
+    assert!(width("ttftP90") > width("errorRate"), "{page}");
+    assert!(width("errorRate") > 50.0, "{page}");
+    assert_eq!(width("timeoutRate"), 0.0, "{page}");
+    // The replay report, and its differing decisions once selected.
+    let replay = &page["replays"][0];
+    assert_eq!(
+        replay["name"]["text"],
+        "cheaper vs llm, recorded 10:00-11:00"
+    );
+    assert_eq!(replay["rollout"]["text"], "cheaper");
+    assert_eq!(replay["ttft_p90_s"]["value"].as_f64(), Some(1.04));
+    assert_eq!(replay["differing"]["value"].as_f64(), Some(2.0));
+    browser
+        .script(r##"document.querySelector("#replays-table tbody tr").click(); return null;"##)
+        .await;
+    let selected = browser
+        .open_until(
+            &viz,
+            "rollouts",
+            r##"const rows = [...document.querySelectorAll("#differing-table tbody tr")];
+            return rows.length === 2 ? rows.map((r) => r.querySelector('td[data-col="reason"]').textContent) : null;"##,
+            Duration::from_secs(15),
+        )
+        .await;
+    assert_eq!(
+        selected,
+        serde_json::json!(["low-complexity-may-use-qwen", "lowest_predicted_ttft"])
+    );
+
+    let temp = tempfile::tempdir().unwrap();
+    let shots = std::env::var_os("KINFERENCE_SCREENSHOTS_DIR")
+        .map_or_else(|| temp.path().to_path_buf(), PathBuf::from);
+    std::fs::create_dir_all(&shots).unwrap();
+    browser.screenshot(&shots.join("rollout.png")).await;
+    browser.close().await;
+    server.abort();
+    let png = std::fs::read(shots.join("rollout.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "rollout.png is no PNG");
+    if std::env::var_os("KINFERENCE_SCREENSHOTS_DIR").is_none() {
+        assert_eq!(
+            std::fs::read(PathBuf::from(DOCS_PICTURES).join("rollout.png")).ok(),
+            tracked,
+            "the test rewrote {DOCS_PICTURES}/rollout.png"
+        );
     }
 }

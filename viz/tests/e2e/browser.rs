@@ -126,6 +126,37 @@ impl Browser {
         .await
     }
 
+    /// Opens `#page` and waits (up to `timeout`) until `js`, run on the page once it has loaded,
+    /// returns something other than `null`; returns that.
+    pub async fn open_until(&self, viz: &str, page: &str, js: &str, timeout: Duration) -> Value {
+        self.cmd(
+            reqwest::Method::POST,
+            "/url",
+            json!({"url": format!("{viz}/#{page}")}),
+        )
+        .await;
+        let js = format!(
+            r#"if (document.body.getAttribute("data-loaded") !== "{page}") return null;
+            {js}"#
+        );
+        super::support::eventually(
+            &format!("the {page} page shows what the test waits for"),
+            timeout,
+            || async { Some(self.script(&js).await).filter(|v| !v.is_null()) },
+        )
+        .await
+    }
+
+    /// Sets the window's size (the screenshot is the viewport).
+    pub async fn resize(&self, width: u32, height: u32) {
+        self.cmd(
+            reqwest::Method::POST,
+            "/window/rect",
+            json!({"width": width, "height": height}),
+        )
+        .await;
+    }
+
     pub async fn click_first_row(&self) {
         self.script(
             r##"document.querySelector("#decisions-table tbody tr").click(); return null;"##,
