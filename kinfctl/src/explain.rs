@@ -14,7 +14,7 @@
 
 mod input;
 mod report;
-mod source;
+pub(crate) mod source;
 
 use std::{io::Read as _, path::PathBuf, time::Duration};
 

@@ -2,12 +2,13 @@
 //! install the control plane, and injects workloads' manifests, so that both work with nothing but
 //! `kubectl apply`; it checks a cluster before and after the install, or a local system; and it
 //! explains where a prompt would be routed and why; it shows a rollout against its thresholds and
-//! promotes or aborts it.
+//! promotes or aborts it; and it replays recorded traffic through a candidate policy.
 
 mod check;
 mod explain;
 mod inject;
 mod install;
+mod replay;
 mod rollout;
 mod viz;
 
@@ -35,6 +36,9 @@ enum Command {
     Viz(viz::Args),
     /// A policy's rollout: its status against the thresholds, and promote or abort it.
     Rollout(rollout::Args),
+    /// Replay recorded traffic through the current and a candidate policy in the fleet
+    /// simulation, side by side.
+    Replay(replay::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,5 +49,6 @@ fn main() -> anyhow::Result<()> {
         Command::Explain(args) => explain::run(args),
         Command::Viz(args) => viz::run(args),
         Command::Rollout(args) => rollout::run(args),
+        Command::Replay(args) => replay::run(args),
     }
 }

@@ -44,6 +44,8 @@ pub struct Admin {
     pub target: Target,
     pub metrics: Metrics,
     pub decisions: Decisions,
+    /// Answered requests' traffic records (`/debug/traffic`).
+    pub traffic: crate::traffic::Traffic,
     pub workload: Workload,
     pub targets: TargetsView,
 }
@@ -186,6 +188,24 @@ pub async fn handle(admin: Arc<Admin>, req: http::Request<Incoming>) -> http::Re
                 &serde_json::to_value(&records).unwrap_or(serde_json::Value::Null),
             )
         }
+        "/debug/traffic" if get => {
+            let since = match query_param(&req, "since_ms").map(|v| v.parse::<u64>()) {
+                None => 0,
+                Some(Ok(ms)) => ms,
+                Some(Err(_)) => {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        "since_ms must be Unix milliseconds\n".into(),
+                        "text/plain",
+                    );
+                }
+            };
+            text(
+                StatusCode::OK,
+                crate::traffic::Traffic::jsonl(&admin.traffic.since(since)),
+                "application/jsonl",
+            )
+        }
         "/debug/classify" | "/debug/explain" if method == Method::POST => {
             let target = match chosen_target(&admin, &req) {
                 Ok(t) => t,
@@ -217,8 +237,8 @@ pub async fn handle(admin: Arc<Admin>, req: http::Request<Incoming>) -> http::Re
             }),
         ),
         "/live" | "/ready" | "/metrics" | "/debug/endpoints" | "/debug/decisions"
-        | "/debug/classify" | "/debug/explain" | "/debug/discovery" | "/debug/targets"
-        | "/debug/guards" => {
+        | "/debug/traffic" | "/debug/classify" | "/debug/explain" | "/debug/discovery"
+        | "/debug/targets" | "/debug/guards" => {
             let e = ApiError::method_not_allowed(&method, &path);
             json(e.status, &e.to_json())
         }

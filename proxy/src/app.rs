@@ -222,6 +222,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let shared = stack::Shared {
         metrics: Metrics::new(),
         decisions: Decisions::new(config.decision_records),
+        traffic: crate::traffic::Traffic::new(
+            config.traffic_records,
+            config.traffic_log.as_deref(),
+        )?,
         workload: Workload::parse(&config.workload, config.workload_label_pairs()),
         settings: stack::Settings::of(&config),
     };
@@ -262,6 +266,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         target: default_target,
         metrics: shared.metrics.clone(),
         decisions: shared.decisions.clone(),
+        traffic: shared.traffic.clone(),
         workload: shared.workload.clone(),
         targets: view,
     };

@@ -258,6 +258,15 @@ pub struct Config {
     #[arg(long, env = "KINFERENCE_PROXY_DECISION_RECORDS", default_value_t = 256)]
     pub decision_records: usize,
 
+    /// How many recent traffic records (one per answered request, no prompt text)
+    /// `/debug/traffic` keeps, for `kinfctl replay`; 0 keeps none.
+    #[arg(long, env = "KINFERENCE_PROXY_TRAFFIC_RECORDS", default_value_t = 1024)]
+    pub traffic_records: usize,
+
+    /// Also append each traffic record to this JSON-lines file (off by default).
+    #[arg(long, env = "KINFERENCE_PROXY_TRAFFIC_LOG")]
+    pub traffic_log: Option<std::path::PathBuf>,
+
     #[arg(
         long,
         env = "KINFERENCE_PROXY_LOG_FORMAT",

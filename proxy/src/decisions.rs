@@ -10,7 +10,7 @@ use serde::Serialize;
 use std::{collections::VecDeque, sync::Arc};
 
 /// One tag on the request, without the prompt it came from.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct TagRecord {
     pub name: String,
     pub value: String,

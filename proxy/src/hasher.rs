@@ -16,6 +16,9 @@ use std::collections::HashMap;
 pub struct PromptHasher {
     by_model: Vec<(ModelName, Tokenizer)>,
     tokens: Vec<(Tokenizer, Vec<u32>)>,
+    /// The hashes the decision asked for at the smallest block size, kept for the traffic
+    /// record (so it never hashes the prompt again).
+    computed: parking_lot::Mutex<Option<(u32, Vec<u64>)>>,
 }
 
 impl PromptHasher {
@@ -59,7 +62,17 @@ impl PromptHasher {
         if by_model.is_empty() {
             return None;
         }
-        Some(Self { by_model, tokens })
+        Some(Self {
+            by_model,
+            tokens,
+            computed: parking_lot::Mutex::new(None),
+        })
+    }
+
+    /// The block size and hashes the decision computed (the smallest block size it asked for),
+    /// if it asked for any.
+    pub fn computed(&self) -> Option<(u32, Vec<u64>)> {
+        self.computed.lock().clone()
     }
 
     fn tokens_of(&self, model: &ModelName) -> Option<(&Tokenizer, &[u32])> {
@@ -72,7 +85,12 @@ impl PromptHasher {
 impl BlockHasher for PromptHasher {
     fn block_hashes(&self, model: &ModelName, block_size_tokens: u32) -> Option<Vec<u64>> {
         let (t, tokens) = self.tokens_of(model)?;
-        Some(t.block_hashes(tokens, block_size_tokens))
+        let hashes = t.block_hashes(tokens, block_size_tokens);
+        let mut kept = self.computed.lock();
+        if kept.as_ref().is_none_or(|(bs, _)| block_size_tokens < *bs) {
+            *kept = Some((block_size_tokens, hashes.clone()));
+        }
+        Some(hashes)
     }
 
     fn token_count(&self, model: &ModelName) -> Option<u32> {

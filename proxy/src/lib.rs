@@ -33,5 +33,6 @@ pub mod signals;
 pub mod stack;
 pub mod stream;
 pub mod target;
+pub mod traffic;
 
 pub use self::config::Config;

@@ -95,6 +95,7 @@ where
         let policy = req.policy.clone();
         let sample = req.sample.clone();
         let rollout = req.rollout.clone();
+        let traffic = req.traffic.take();
         // Released if every attempt fails (dropped), settled when an answer ends.
         let budget = req.budget.take();
         Box::pin(async move {
@@ -127,6 +128,7 @@ where
                         budget,
                         rollout,
                         ttft_s: None,
+                        traffic,
                     };
                     Ok(respond(response, stream, hooks, deadlines, &request_id))
                 }
@@ -209,6 +211,8 @@ struct RequestHooks {
     rollout: Option<Arc<crate::rollout::ArmTag>>,
     /// Its time to first token, once seen (streams).
     ttft_s: Option<f64>,
+    /// Its traffic record, kept when the answer ends.
+    traffic: Option<crate::traffic::Pending>,
 }
 
 /// The prompt tokens to count as cached and to charge at the cached price, and whether that is an
@@ -316,6 +320,18 @@ impl Hooks for RequestHooks {
                     .usage
                     .map_or(0, |u| u.prompt_tokens + u.completion_tokens),
             });
+        }
+        if let Some(pending) = self.traffic.take() {
+            pending.finish(
+                &endpoint.model,
+                endpoint.id.as_str(),
+                self.status.as_u16(),
+                self.ttft_s,
+                summary
+                    .usage
+                    .map(|u| (u.prompt_tokens, u.completion_tokens)),
+                self.decode.1 + u64::from(self.first_token_seen),
+            );
         }
         if !self.status.is_success() {
             m.error(l, self.status.as_str());

@@ -131,6 +131,7 @@ fn plan(
         sample: None,
         budget: None,
         rollout: None,
+        traffic: None,
         attempts: Attempts::Plain(order),
     })
 }

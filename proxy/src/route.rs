@@ -64,6 +64,9 @@ pub struct Routed {
     pub budget: Option<crate::budget::Reservation>,
     /// The request's arm of the policy's rollout, recorded when the answer ends.
     pub rollout: Option<Arc<crate::rollout::ArmTag>>,
+    /// Its traffic record, completed and kept when the answer ends (none when no records are
+    /// kept).
+    pub traffic: Option<crate::traffic::Pending>,
 }
 
 /// Where a request may be tried, in order.
@@ -104,6 +107,8 @@ pub struct RouteParams {
     /// Where the arms of the policy's rollout are measured.
     pub rollout_ledger: Arc<kinference_proxy_discovery::RolloutLedger>,
     pub rollout_metrics: crate::metrics::RolloutMetrics,
+    /// Where answered requests' traffic records go (`/debug/traffic`, `--traffic-log`).
+    pub traffic: crate::traffic::Traffic,
 }
 
 #[derive(Clone, Debug)]
@@ -280,16 +285,17 @@ async fn route(
         return Err(refused(&labels, e));
     }
     let decider = decider_of(params, &labels);
-    let (request, tags, blocks, plan, applied) = if large {
+    let (request, tags, blocks, plan, applied, precise) = if large {
         let policy = decided_under.clone();
         off_workers(move || {
-            let (blocks, plan, applied) = decider.decide(&policy, candidates, &request, &tags);
-            (request, tags, blocks, plan, applied)
+            let (blocks, plan, applied, precise) =
+                decider.decide(&policy, candidates, &request, &tags);
+            (request, tags, blocks, plan, applied, precise)
         })
         .await
     } else {
-        let (blocks, plan, applied) = decider.decide(policy, candidates, &request, &tags);
-        (request, tags, blocks, plan, applied)
+        let (blocks, plan, applied, precise) = decider.decide(policy, candidates, &request, &tags);
+        (request, tags, blocks, plan, applied, precise)
     };
     // Admission: a class with maxQueueTime waits for a candidate predicted to meet its SLO.
     let (mut plan, held, mut rejected) = match admit(
@@ -377,6 +383,51 @@ async fn route(
             params.rollout_metrics.clone(),
         ))
     });
+    let traffic = params.traffic.enabled().then(|| {
+        let (block_size, block_hashes, hash_source) = match precise {
+            Some((bs, hashes)) => (bs, hashes, crate::traffic::HashSource::Precise),
+            None => (
+                blocks.block_size_tokens(),
+                blocks.hashes().to_vec(),
+                crate::traffic::HashSource::Approx,
+            ),
+        };
+        let waited = u64::try_from(received_at.elapsed().as_millis()).unwrap_or(0);
+        crate::traffic::Pending {
+            sink: params.traffic.clone(),
+            record: crate::traffic::TrafficRecord {
+                request_id: request_id.clone(),
+                arrival_ms: crate::clock::unix_time_ms().saturating_sub(waited),
+                tenant: labels.tenant.clone(),
+                requested_model: request.model.clone(),
+                tags: tags
+                    .iter()
+                    .map(|t| TagRecord {
+                        name: t.name.clone(),
+                        value: t.value.clone(),
+                        confidence: t.confidence,
+                    })
+                    .collect(),
+                service_class: plan.candidates.service_class.clone(),
+                prompt_tokens: request.estimated_prompt_tokens(),
+                completion_tokens: 0,
+                block_size,
+                block_hashes,
+                hash_source,
+                served_model: String::new(),
+                endpoint: String::new(),
+                ttft_s: None,
+                status: 0,
+                rollout: tag.as_ref().map(|t| {
+                    let r = t.record_of();
+                    crate::traffic::RolloutArm {
+                        name: r.name,
+                        arm: r.arm.to_owned(),
+                    }
+                }),
+            },
+        }
+    });
     params.decisions.push(DecisionRecord {
         request_id: request_id.clone(),
         target: params.target.to_string(),
@@ -432,6 +483,7 @@ async fn route(
         sample,
         budget,
         rollout: tag,
+        traffic,
     })
 }
 
@@ -625,6 +677,9 @@ fn too_long<'a>(
         .then(|| ApiError::context_length_exceeded(window, at_least, request.max_tokens))
 }
 
+/// The vLLM-space block size and hashes a decision computed, for the traffic record.
+type Precise = Option<(u32, Vec<u64>)>;
+
 /// What a decision needs besides the policy and the request, owned so that it can move to the
 /// blocking pool.
 struct Decider {
@@ -646,7 +701,12 @@ impl Decider {
         candidates: Candidates,
         request: &InferenceRequest,
         tags: &Tags,
-    ) -> (PromptBlocks, Plan, Vec<kinference_decision::guard::Applied>) {
+    ) -> (
+        PromptBlocks,
+        Plan,
+        Vec<kinference_decision::guard::Applied>,
+        Precise,
+    ) {
         let blocks = PromptBlocks::from_text(&request.prefix_text(), &ApproxConfig::default());
         let hasher = PromptHasher::new(&self.tokenizers, &candidates.models, &request.prompt);
         let input = Input {
@@ -672,16 +732,17 @@ impl Decider {
             .iter()
             .filter_map(|a| Some((a.key.rule.as_str(), a.hold?)))
             .collect();
+        let precise = || hasher.as_ref().and_then(PromptHasher::computed);
         if held.is_empty() {
-            return (blocks, plan, applied);
+            return (blocks, plan, applied, precise());
         }
         let Some(kept) = policy.candidates_held(&request.model, tags, &self.workload, &|rule| {
             held.get(rule).copied()
         }) else {
-            return (blocks, plan, applied);
+            return (blocks, plan, applied, precise());
         };
         let plan = self.router.decide(policy, kept, &input);
-        (blocks, plan, applied)
+        (blocks, plan, applied, precise())
     }
 
     /// The plan again over the same candidates, now (a held request's next look).

@@ -47,6 +47,8 @@ pub type Stack = StackOf<Forward>;
 pub struct Shared {
     pub metrics: Metrics,
     pub decisions: Decisions,
+    /// Answered requests' traffic records, shared by every target.
+    pub traffic: crate::traffic::Traffic,
     pub workload: Workload,
     pub settings: Settings,
 }
@@ -136,6 +138,7 @@ pub fn layered<F: Clone>(target: &Target, shared: &Shared, forward: F) -> StackO
         budgets: target.budgets.clone(),
         rollout_ledger: target.rollout_ledger.clone(),
         rollout_metrics: shared.metrics.rollout.clone(),
+        traffic: shared.traffic.clone(),
     })
     .layer(upstream.clone());
     let others = PassthroughLayer::new(PassthroughParams {

@@ -20,6 +20,16 @@ pub struct PoolSpec {
     pub replicas: usize,
     /// What the model's tokens cost, for the cost columns.
     pub price: Option<Price>,
+    /// The KV-cache size the live endpoints report (`vllm:cache_config_info`), in place of the
+    /// profile's: a replay sizes its fleet from what the proxy sees.
+    pub cache: Option<CacheSize>,
+}
+
+/// A replica's KV cache: blocks of `block_size` tokens, `num_gpu_blocks` of them.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct CacheSize {
+    pub block_size: u32,
+    pub num_gpu_blocks: u32,
 }
 
 impl PoolSpec {
@@ -29,6 +39,7 @@ impl PoolSpec {
             profile: profile.to_owned(),
             replicas,
             price: Price::of(profile),
+            cache: None,
         }
     }
 }
@@ -123,8 +134,12 @@ pub enum FleetError {
 pub fn build(spec: &FleetSpec) -> Result<Vec<Replica>, FleetError> {
     let mut out = Vec::with_capacity(spec.num_replicas());
     for (pool, p) in spec.pools.iter().enumerate() {
-        let profile = Profile::named(&p.profile)
+        let mut profile = Profile::named(&p.profile)
             .ok_or_else(|| FleetError::UnknownProfile(p.profile.clone()))?;
+        if let Some(c) = p.cache {
+            profile.engine.block_size = c.block_size;
+            profile.engine.num_gpu_blocks = c.num_gpu_blocks;
+        }
         for _ in 0..p.replicas {
             let e = &profile.engine;
             out.push(Replica {

@@ -227,6 +227,20 @@ pub fn run_cell_detailed(
     arm: &Arm,
     cfg: &RunConfig,
 ) -> Result<(CellResult, Vec<Outcome>), FleetError> {
+    run_cell_with(workload, arm, cfg, None)
+}
+
+/// Builds one sidecar's router over the replicas (in place of the arm's strategy's own).
+pub type MakeRouter<'a> = &'a dyn Fn(&[ReplicaInfo]) -> Box<dyn Router>;
+
+/// [`run_cell_detailed`], each sidecar's router built by `make` when given (a replay's router
+/// under a policy read from YAML); the arm still says how it is deployed.
+pub fn run_cell_with(
+    workload: &Workload,
+    arm: &Arm,
+    cfg: &RunConfig,
+    make: Option<MakeRouter<'_>>,
+) -> Result<(CellResult, Vec<Outcome>), FleetError> {
     // How long the simulation itself took, for the report: the OS clock, outside virtual time.
     #[allow(clippy::disallowed_methods)]
     let started = std::time::Instant::now();
@@ -248,7 +262,10 @@ pub fn run_cell_detailed(
     let mut sidecars: Vec<Sidecar> = (0..n_sidecars)
         .map(|i| Sidecar {
             state: SidecarState::new(replicas.len()),
-            router: strategy.build(&infos, &ctx),
+            router: match make {
+                Some(make) => make(&infos),
+                None => strategy.build(&infos, &ctx),
+            },
             rng: ChaCha8Rng::seed_from_u64(cell_seed(cfg, workload, arm, i)),
             admission: SidecarAdmission::default(),
         })

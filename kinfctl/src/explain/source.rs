@@ -32,22 +32,61 @@ pub struct Declared {
 pub fn from_manifests(dir: &Path, target: Option<&str>) -> anyhow::Result<Declared> {
     let mut resources = Vec::new();
     for path in manifest_paths(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
-            let value = serde_yaml::Value::deserialize(doc)
-                .with_context(|| format!("{}: invalid YAML", path.display()))?;
-            if value.is_null() {
-                continue;
-            }
-            match Resource::from_yaml(value, DEFAULT_NAMESPACE) {
-                Ok(Some(r)) => resources.push(r),
-                Ok(None) => {}
-                Err(e) => anyhow::bail!("{} (document {i}): {e}", path.display()),
-            }
-        }
+        resources.extend(resources_of(&path)?);
     }
     declared(resources, target, format!("manifests {}", dir.display()))
+}
+
+/// The manifests of `dir` with their InferencePolicies replaced by those of `policy_file` (a
+/// what-if replay's policy: the same routes, pools and classifiers, another policy).
+pub fn with_policy_file(
+    dir: &Path,
+    policy_file: &Path,
+    target: Option<&str>,
+) -> anyhow::Result<Declared> {
+    let mut resources = Vec::new();
+    for path in manifest_paths(dir).with_context(|| format!("reading {}", dir.display()))? {
+        resources.extend(
+            resources_of(&path)?
+                .into_iter()
+                .filter(|r| !matches!(r, Resource::InferencePolicy(_))),
+        );
+    }
+    let policies: Vec<Resource> = resources_of(policy_file)?
+        .into_iter()
+        .filter(|r| matches!(r, Resource::InferencePolicy(_)))
+        .collect();
+    anyhow::ensure!(
+        !policies.is_empty(),
+        "{} holds no InferencePolicy",
+        policy_file.display()
+    );
+    resources.extend(policies);
+    declared(
+        resources,
+        target,
+        format!("{} over manifests {}", policy_file.display(), dir.display()),
+    )
+}
+
+/// The resources of one manifest file.
+fn resources_of(path: &Path) -> anyhow::Result<Vec<Resource>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+        let value = serde_yaml::Value::deserialize(doc)
+            .with_context(|| format!("{}: invalid YAML", path.display()))?;
+        if value.is_null() {
+            continue;
+        }
+        match Resource::from_yaml(value, DEFAULT_NAMESPACE) {
+            Ok(Some(r)) => out.push(r),
+            Ok(None) => {}
+            Err(e) => anyhow::bail!("{} (document {i}): {e}", path.display()),
+        }
+    }
+    Ok(out)
 }
 
 fn manifest_paths(dir: &Path) -> std::io::Result<Vec<PathBuf>> {

@@ -106,6 +106,7 @@ fn fixture(proto: api::InferencePolicy, endpoints: &Endpoints) -> Fixture {
     let shared = Shared {
         metrics: Metrics::new(),
         decisions: Decisions::new(16),
+        traffic: crate::traffic::Traffic::new(16, None).unwrap(),
         workload: Workload::parse("default/app", vec![]),
         settings: Settings {
             max_attempts: 2,

@@ -167,6 +167,31 @@ fn tags_of(req: &Req<'_>) -> Tags {
     tags
 }
 
+/// Why each request's decision chose what it chose, by request id: filled by a Kinference
+/// router given one (a replay lists the decisions two policies made differently, with reasons).
+pub type Decided = std::sync::Arc<std::sync::Mutex<HashMap<u64, String>>>;
+
+/// A decision's reason as the proxy's records name it (`lowest_predicted_ttft`, ...), with the
+/// rules that matched.
+pub fn reason_of(plan: &kinference_decision::Plan) -> String {
+    let kind = serde_json::to_value(plan.decision.reason)
+        .ok()
+        .and_then(|v| v.get("kind").and_then(|k| k.as_str().map(str::to_owned)))
+        .unwrap_or_else(|| format!("{:?}", plan.decision.reason));
+    let rules: Vec<&str> = plan
+        .candidates
+        .rule_trace
+        .iter()
+        .filter(|r| r.matched)
+        .map(|r| r.rule.as_str())
+        .collect();
+    if rules.is_empty() {
+        kind
+    } else {
+        format!("{kind} (rules: {})", rules.join(", "))
+    }
+}
+
 #[derive(Debug)]
 pub struct Kinference {
     policy: Policy,
@@ -179,6 +204,8 @@ pub struct Kinference {
     handles: HashMap<u64, DispatchHandle>,
     /// The plan for the request being picked, kept for `on_dispatch`.
     last: Option<(u64, kinference_decision::Plan, PromptBlocks)>,
+    /// Where each decision's reason is written, when asked.
+    decided: Option<Decided>,
 }
 
 impl Kinference {
@@ -222,7 +249,32 @@ impl Kinference {
             by_id,
             handles: HashMap::new(),
             last: None,
+            decided: None,
         }
+    }
+
+    /// Kinference under a given policy (an `InferencePolicy` converted as the proxy converts it),
+    /// its models' priors the policy's own, as the proxy starts from them. The replicas' models
+    /// are the policy's model names.
+    pub fn with_given_policy(
+        replicas: &[ReplicaInfo],
+        config: RouterConfig,
+        policy: Policy,
+        decided: Option<Decided>,
+    ) -> Self {
+        let mut k = Self::with_policy(
+            replicas,
+            config,
+            PolicyVariant::RequestedOnly,
+            PriorFactors::TRUE,
+        );
+        for m in &policy.models {
+            k.router
+                .set_model_prior(ModelName::from(m.name.as_str()), m.prior.clone());
+        }
+        k.policy = policy;
+        k.decided = decided;
+        k
     }
 }
 
@@ -332,6 +384,11 @@ impl Router for Kinference {
             None => Pick::to(candidates[rng.random_range(0..candidates.len())]),
         };
         if let Ok(plan) = plan {
+            if let Some(d) = &self.decided
+                && let Ok(mut d) = d.lock()
+            {
+                d.insert(req.id, reason_of(&plan));
+            }
             self.last = Some((req.id, plan, blocks));
         }
         pick
