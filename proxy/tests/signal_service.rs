@@ -41,6 +41,15 @@ const STALE_MS: u64 = 500;
 /// The controller reads each engine this often (`--signals-interval-ms`).
 const SERVICE_MS: u64 = 50;
 
+/// The controller's read interval: [`SERVICE_MS`], or `KINFERENCE_SIGNALS_INTERVAL_MS` for the
+/// freshness benchmark (the rate assertions assume the default).
+fn service_interval_ms() -> u64 {
+    std::env::var("KINFERENCE_SIGNALS_INTERVAL_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(SERVICE_MS)
+}
+
 fn mesh_size() -> usize {
     std::env::var("KINFERENCE_SIGNALS_MESH")
         .ok()
@@ -55,7 +64,7 @@ async fn start_stack() -> Stack {
             "--signals-addr".into(),
             "127.0.0.1:0".into(),
             "--signals-interval-ms".into(),
-            SERVICE_MS.to_string(),
+            service_interval_ms().to_string(),
         ],
         ..StackOptions::default()
     };
@@ -256,7 +265,7 @@ async fn an_engines_reads_do_not_grow_with_the_mesh() {
         "reads/s at each engine: {n} proxies without the service {plain_rate:.0?}, \
          1 proxy with it {one_rate:.0?}, {n} proxies with it {mesh_rate:.0?}"
     );
-    let service_nominal = 2.0 * 1000.0 / SERVICE_MS as f64;
+    let service_nominal = 2.0 * 1000.0 / service_interval_ms() as f64;
     let plain_nominal = n as f64 * 2.0 * 1000.0 / SCRAPE_MS as f64;
     for (i, ((p, one), m)) in plain_rate.iter().zip(&one_rate).zip(&mesh_rate).enumerate() {
         // The service's reads do not depend on how many proxies watch.
@@ -386,4 +395,98 @@ async fn either_replica_serves() {
         );
     }
     drop(second);
+}
+
+/// How long an engine change takes to reach a sidecar: a request sent straight to an engine
+/// (bypassing every proxy) raises its `GET /load`, and two proxies through the service and two
+/// reading the engine themselves are polled every 2 ms until they see it. Printed, not asserted
+/// (the machine is shared); recorded in docs/benchmarks/signals-sizing.md. Every change must be
+/// seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_engine_change_reaches_the_sidecars() {
+    let stack = start_stack().await;
+    let signals = stack
+        .controller
+        .signals
+        .expect("the controller serves signals");
+    let endpoints = stack.sims.len();
+    let through = spawn_mesh(&stack, 2, &[signals]).await;
+    let direct = spawn_mesh(&stack, 2, &[]).await;
+    wait_for_source(&through, endpoints, "service", Duration::from_secs(30)).await;
+    let sim = stack.sims.iter().find(|s| s.model == "glm-5.3").unwrap();
+    let id = sim.addr.to_string();
+    let http = reqwest::Client::new();
+    let load_seen = |c: &ProxyClient| {
+        let (c, id) = (c.clone(), id.clone());
+        async move {
+            loop {
+                let e = c.endpoint(&id).await;
+                if e["signals"]["server_load"]["value"].as_u64().unwrap_or(0) >= 1 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    };
+    let idle = |c: &ProxyClient| {
+        let (c, id) = (c.clone(), id.clone());
+        async move {
+            wait_until("the engine idle again", Duration::from_secs(60), || async {
+                let e = c.endpoint(&id).await;
+                (e["signals"]["server_load"]["value"].as_u64() == Some(0)).then_some(())
+            })
+            .await;
+        }
+    };
+    let (mut via_service, mut via_scrape) = (Vec::new(), Vec::new());
+    for round in 0..12 {
+        for (_, c) in through.iter().chain(&direct) {
+            idle(c).await;
+        }
+        let body =
+            json!({"model": "glm-5.3", "prompt": format!("round {round}"), "max_tokens": 60});
+        let send = http
+            .post(format!("http://{}/v1/completions", sim.addr))
+            .json(&body)
+            .send();
+        let sent = Instant::now();
+        let request = tokio::spawn(send);
+        let seen = through
+            .iter()
+            .map(|(_, c)| (true, c))
+            .chain(direct.iter().map(|(_, c)| (false, c)))
+            .map(|(service, c)| {
+                let f = load_seen(c);
+                async move {
+                    tokio::time::timeout(Duration::from_secs(10), f)
+                        .await
+                        .expect("every change is seen");
+                    (service, sent.elapsed().as_secs_f64() * 1e3)
+                }
+            });
+        for (service, ms) in futures::future::join_all(seen).await {
+            if service {
+                via_service.push(ms);
+            } else {
+                via_scrape.push(ms);
+            }
+        }
+        let rsp = request.await.unwrap().expect("the engine answers");
+        assert_eq!(rsp.status(), 200);
+    }
+    let q = |v: &mut Vec<f64>, p: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * p).round() as usize]
+    };
+    eprintln!(
+        "engine change to sidecar, ms: through the service p50 {:.0} p90 {:.0} max {:.0} ({} samples); \
+         reading the engine itself p50 {:.0} p90 {:.0} max {:.0}",
+        q(&mut via_service, 0.5),
+        q(&mut via_service, 0.9),
+        q(&mut via_service, 1.0),
+        via_service.len(),
+        q(&mut via_scrape, 0.5),
+        q(&mut via_scrape, 0.9),
+        q(&mut via_scrape, 1.0),
+    );
 }
