@@ -36,6 +36,7 @@ impl Dashboard {
         let config = crate::prometheus::prometheus_config(
             &[stack.proxy.admin.to_string()],
             &replicas,
+            Some(&stack.controller.admin.to_string()),
             Some(&addr.to_string()),
             1,
         );

@@ -1,7 +1,7 @@
 //! A real Prometheus beside the local stack, for the viz dashboard.
 //!
-//! It scrapes the proxy's admin `/metrics`, every replica's vLLM `/metrics` and viz itself every
-//! second, so the dashboard shows the same numbers a cluster's Prometheus would. It is Debian's
+//! It scrapes the proxy's admin `/metrics`, every replica's vLLM `/metrics`, the controller's admin
+//! `/metrics` (its rollouts' phases and thresholds) and viz itself every second, so the dashboard shows the same numbers a cluster's Prometheus would. It is Debian's
 //! `prometheus` binary, when installed; it cannot pick its own port, so a free one is found first.
 
 use anyhow::{Context as _, bail};
@@ -16,6 +16,7 @@ pub const PROMETHEUS_BIN: &str = "/usr/bin/prometheus";
 pub fn prometheus_config(
     proxies: &[String],
     vllm: &[String],
+    controller: Option<&str>,
     viz: Option<&str>,
     interval_s: u32,
 ) -> String {
@@ -36,6 +37,11 @@ pub fn prometheus_config(
         out.push_str(&format!(
             "  - job_name: vllm\n    metrics_path: /metrics\n    static_configs:\n      - targets: [{}]\n",
             list(vllm)
+        ));
+    }
+    if let Some(controller) = controller {
+        out.push_str(&format!(
+            "  - job_name: kinference-policy-controller\n    metrics_path: /metrics\n    static_configs:\n      - targets: ['{controller}']\n"
         ));
     }
     if let Some(viz) = viz {
@@ -121,15 +127,18 @@ mod tests {
         let c = prometheus_config(
             &["127.0.0.1:1".into()],
             &["127.0.0.1:2".into(), "127.0.0.1:3".into()],
+            Some("127.0.0.1:5"),
             Some("127.0.0.1:4"),
             1,
         );
         let v: serde_yaml::Value = serde_yaml::from_str(&c).unwrap();
         assert_eq!(v["global"]["scrape_interval"], "1s");
         let jobs = v["scrape_configs"].as_sequence().unwrap();
-        assert_eq!(jobs.len(), 3);
+        assert_eq!(jobs.len(), 4);
         assert_eq!(jobs[1]["job_name"], "vllm");
         assert_eq!(jobs[1]["static_configs"][0]["targets"][1], "127.0.0.1:3");
-        assert_eq!(jobs[2]["static_configs"][0]["targets"][0], "127.0.0.1:4");
+        assert_eq!(jobs[2]["job_name"], "kinference-policy-controller");
+        assert_eq!(jobs[2]["static_configs"][0]["targets"][0], "127.0.0.1:5");
+        assert_eq!(jobs[3]["static_configs"][0]["targets"][0], "127.0.0.1:4");
     }
 }
