@@ -61,7 +61,7 @@ async fn status_reads_the_resource_and_promote_and_abort_patch_its_state() {
         text.starts_with("default/llm rollout spread: RolledBack, verdict Rollback, crossed errorRate (declared Running)"),
         "{text}"
     );
-    assert!(text.contains("control       158       2"), "{text}");
+    assert!(text.contains("control        158       2"), "{text}");
     assert!(text.contains("errorRate"), "{text}");
     assert!(text.contains("7.50  CROSSED"), "{text}");
     // A policy without a rollout is an error when asked for by name.
