@@ -270,7 +270,7 @@ impl Kinference {
         );
         for m in &policy.models {
             k.router
-                .set_model_prior(ModelName::from(m.name.as_str()), m.prior.clone());
+                .set_model_prior(ModelName::from(m.name.as_str()), m.prior);
         }
         k.policy = policy;
         k.decided = decided;
