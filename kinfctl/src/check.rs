@@ -9,7 +9,7 @@
 
 mod direct;
 
-use std::{collections::BTreeMap, fmt, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, fmt, path::PathBuf};
 
 use anyhow::Context as _;
 use k8s_openapi::api::{
@@ -150,25 +150,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 async fn client(args: &Args) -> anyhow::Result<kube::Client> {
-    let mut config = match (&args.api_server, &args.kubeconfig) {
-        (Some(url), _) => kube::Config::new(
-            url.parse()
-                .with_context(|| format!("--api-server {url:?} is not a URL"))?,
-        ),
-        (None, Some(path)) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                .await
-                .with_context(|| format!("using {}", path.display()))?
-        }
-        (None, None) => kube::Config::infer()
-            .await
-            .context("finding a kubeconfig (set --kubeconfig or KUBECONFIG)")?,
-    };
-    config.connect_timeout = Some(Duration::from_secs(5));
-    config.read_timeout = Some(Duration::from_secs(15));
-    kube::Client::try_from(config).context("building the Kubernetes client")
+    crate::explain::source::cluster_client(args.kubeconfig.as_ref(), args.api_server.as_deref())
+        .await
 }
 
 /// Runs the checks in order, calling `report` on each result as it is known. A cluster

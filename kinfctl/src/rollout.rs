@@ -105,25 +105,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// A client for the current kubeconfig context, another kubeconfig, or a bare API URL.
 async fn client(c: &Cluster) -> anyhow::Result<kube::Client> {
-    let mut config = match (&c.api_server, &c.kubeconfig) {
-        (Some(url), _) => kube::Config::new(
-            url.parse()
-                .with_context(|| format!("--api-server {url:?} is not a URL"))?,
-        ),
-        (None, Some(path)) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                .await
-                .with_context(|| format!("using {}", path.display()))?
-        }
-        (None, None) => kube::Config::infer()
-            .await
-            .context("finding a kubeconfig (set --kubeconfig or KUBECONFIG)")?,
-    };
-    config.connect_timeout = Some(Duration::from_secs(5));
-    config.read_timeout = Some(Duration::from_secs(15));
-    kube::Client::try_from(config).context("building the Kubernetes client")
+    crate::explain::source::cluster_client(c.kubeconfig.as_ref(), c.api_server.as_deref()).await
 }
 
 /// One policy's rollout as `status` prints it.
@@ -354,34 +336,6 @@ async fn step(a: StepArgs, state: RolloutState) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `.yaml`/`.yml` files under `dir`, hidden ones skipped, in order.
-fn manifest_paths(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir)? {
-            let path = entry?.path();
-            let hidden = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_none_or(|n| n.starts_with('.'));
-            if hidden {
-                continue;
-            }
-            if path.is_dir() {
-                stack.push(path);
-            } else if matches!(
-                path.extension().and_then(|e| e.to_str()),
-                Some("yaml" | "yml")
-            ) {
-                out.push(path);
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
 /// Sets the rollout state of InferencePolicy `ns/name` in the manifest under `dir` that
 /// declares it (a document without a namespace is in `default`, as the controller reads it);
 /// returns the file written.
@@ -391,7 +345,9 @@ fn set_state_in_manifests(
     name: &str,
     state: RolloutState,
 ) -> anyhow::Result<PathBuf> {
-    for path in manifest_paths(dir).with_context(|| format!("reading {}", dir.display()))? {
+    for path in crate::explain::source::manifest_paths(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+    {
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
         if let Some(updated) =

@@ -89,7 +89,8 @@ fn resources_of(path: &Path) -> anyhow::Result<Vec<Resource>> {
     Ok(out)
 }
 
-fn manifest_paths(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+/// The `.yaml`/`.yml` files under `dir`, hidden ones skipped, in order.
+pub fn manifest_paths(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(dir) = stack.pop() {
