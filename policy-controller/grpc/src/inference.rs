@@ -85,6 +85,35 @@ where
         inference_policies_server::InferencePoliciesServer::new(self)
     }
 
+    /// What every proxy report starts with: its target (`what` names the report in the error),
+    /// the calling workload (checked as every call's is), the proxy's address, and the target's
+    /// served policy.
+    fn report_origin<T>(
+        &self,
+        req: &tonic::Request<T>,
+        target: Option<&api::InferenceTarget>,
+        what: &str,
+    ) -> Result<ReportOrigin, tonic::Status> {
+        let Some(target) = target else {
+            return Err(tonic::Status::invalid_argument(format!(
+                "a {what} names its target"
+            )));
+        };
+        let workload = source_workload(
+            req,
+            self.callers,
+            &target.source_workload,
+            API,
+            &self.metrics,
+        )?;
+        let parent = self.target(target)?;
+        let rx = self
+            .discover
+            .watch_inference_policy(&parent)
+            .ok_or_else(|| tonic::Status::not_found(parent.authority_in(&self.cluster_domain)))?;
+        Ok((workload, req.remote_addr(), rx))
+    }
+
     fn target(&self, t: &api::InferenceTarget) -> Result<ParentTarget, tonic::Status> {
         match &t.target {
             Some(inference_target::Target::Authority(a)) => {
@@ -150,28 +179,13 @@ where
         &self,
         req: tonic::Request<api::GuardReport>,
     ) -> Result<tonic::Response<api::GuardReportAck>, tonic::Status> {
-        let Some(target) = req.get_ref().target.clone() else {
-            return Err(tonic::Status::invalid_argument(
-                "a guard report names its target",
-            ));
-        };
-        let workload = source_workload(
-            &req,
-            self.callers,
-            &target.source_workload,
-            API,
-            &self.metrics,
-        )?;
+        let target = req.get_ref().target.clone();
+        let (workload, remote, rx) = self.report_origin(&req, target.as_ref(), "guard report")?;
         // One report per proxy: a workload's pods are told apart by their address.
-        let reporter = match req.remote_addr() {
+        let reporter = match remote {
             Some(addr) => format!("{workload}@{}", addr.ip()),
             None => workload,
         };
-        let parent = self.target(&target)?;
-        let rx = self
-            .discover
-            .watch_inference_policy(&parent)
-            .ok_or_else(|| tonic::Status::not_found(parent.authority_in(&self.cluster_domain)))?;
         let Some(source) = rx.borrow().policy().map(|p| p.source.clone()) else {
             return Err(tonic::Status::failed_precondition(
                 "no inference policy is served for the target",
@@ -192,23 +206,8 @@ where
         &self,
         req: tonic::Request<api::RolloutReport>,
     ) -> Result<tonic::Response<api::RolloutReportAck>, tonic::Status> {
-        let Some(target) = req.get_ref().target.clone() else {
-            return Err(tonic::Status::invalid_argument(
-                "a rollout report names its target",
-            ));
-        };
-        let workload = source_workload(
-            &req,
-            self.callers,
-            &target.source_workload,
-            API,
-            &self.metrics,
-        )?;
-        let parent = self.target(&target)?;
-        let rx = self
-            .discover
-            .watch_inference_policy(&parent)
-            .ok_or_else(|| tonic::Status::not_found(parent.authority_in(&self.cluster_domain)))?;
+        let target = req.get_ref().target.clone();
+        let (workload, remote, rx) = self.report_origin(&req, target.as_ref(), "rollout report")?;
         // What is served now: a report for another rollout, or one no longer served (rolled
         // back, promoted, renamed), is acknowledged and not counted.
         let served = rx.borrow().policy().map(|p| {
@@ -225,7 +224,6 @@ where
                 "no inference policy is served for the target",
             ));
         };
-        let remote = req.remote_addr();
         let report = req.into_inner();
         let Some((name, window, interval)) = rollout.filter(|r| r.0 == report.rollout) else {
             tracing::debug!(rollout = %report.rollout, policy = %source.name, "a report for a rollout not served: not counted");
@@ -274,6 +272,13 @@ fn arm_totals(a: &api::ArmReport) -> ArmTotals {
         tokens: a.tokens,
     }
 }
+
+/// A report's calling workload, the proxy's address, and its target's served policy.
+type ReportOrigin = (
+    String,
+    Option<SocketAddr>,
+    tokio::sync::watch::Receiver<InferencePolicyState>,
+);
 
 fn guard_entry(g: &api::GuardStatus) -> GuardEntry {
     use api::guard_status::State;
