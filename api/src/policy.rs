@@ -33,7 +33,8 @@ pub use self::{
         DEFAULT_SAMPLE_SHARE, DEFAULT_TOLERANCE, Judge, QualityGuard,
     },
     rollout::{
-        ASSIGN_BY, DEFAULT_ROLLOUT_MIN_SAMPLES, DEFAULT_ROLLOUT_WINDOW, Rollout, RolloutArmStatus,
+        ASSIGN_BY, DEFAULT_ROLLOUT_MIN_SAMPLES, DEFAULT_ROLLOUT_REPORT_INTERVAL,
+        DEFAULT_ROLLOUT_WINDOW, MIN_ROLLOUT_REPORT_INTERVAL, Rollout, RolloutArmStatus,
         RolloutCandidate, RolloutPhase, RolloutState, RolloutStatus, RolloutThresholdStatus,
         RolloutThresholds,
     },

@@ -72,6 +72,7 @@ fn a_good_rollout_is_clean_and_reads_its_defaults() {
     assert_eq!(minimal.assign_by, "Tenant");
     assert_eq!(minimal.min_samples(), 400);
     assert_eq!(minimal.window().unwrap().as_secs(), 600);
+    assert_eq!(minimal.report_interval().unwrap().as_secs(), 5);
     assert_eq!(Rollout::basis_points(12.5), 1_250);
     assert_eq!(with(minimal), vec![]);
 }
@@ -169,6 +170,28 @@ fn thresholds_missing_negative_or_uncrossable_are_denied() {
         fields(&with(r)),
         ["spec.rollout.window", "spec.rollout.minSamples"]
     );
+}
+
+#[test]
+fn a_report_interval_too_short_too_long_or_unparsed_is_denied() {
+    let interval = |i: &str| {
+        let mut r = good_rollout();
+        r.report_interval = Some(i.into());
+        with(r)
+    };
+    assert_eq!(interval("2s"), vec![]);
+    // The window is 5m: a report every 150s still leaves two in it.
+    assert_eq!(interval("150s"), vec![]);
+    for (i, says) in [
+        ("500ms", "is shorter than 1s"),
+        ("151s", "is more than half the window (300s)"),
+        ("soon", ""),
+    ] {
+        let errors = interval(i);
+        assert_eq!(fields(&errors), ["spec.rollout.reportInterval"], "{i}");
+        assert!(errors[0].2.contains(says), "{i}: {errors:?}");
+        assert_eq!(errors[0].1, ErrorKind::Invalid, "{i}");
+    }
 }
 
 #[test]

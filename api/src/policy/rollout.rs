@@ -19,6 +19,13 @@ use crate::duration::{DurationError, GatewayDuration};
 /// The default window the arms are compared over: 10 minutes.
 pub const DEFAULT_ROLLOUT_WINDOW: Duration = Duration::from_secs(600);
 
+/// The default of how often each proxy reports its arms to the controller.
+pub const DEFAULT_ROLLOUT_REPORT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The shortest report interval: each report is one RPC per proxy, and a thousand proxies
+/// reporting every second is already a thousand RPCs a second at the controller.
+pub const MIN_ROLLOUT_REPORT_INTERVAL: Duration = Duration::from_secs(1);
+
 /// The default minimum of requests in each arm before any threshold is judged.
 pub const DEFAULT_ROLLOUT_MIN_SAMPLES: u64 = 400;
 
@@ -64,6 +71,13 @@ pub struct Rollout {
     /// judged. At least 1. Defaults to 400 (see docs/rollout.md for how many a regression needs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_samples: Option<u64>,
+
+    /// ReportInterval is how often each proxy sends its arms' measurements to the controller, as
+    /// a duration such as "5s", and so how finely the window slides (one bucket per interval).
+    /// At least 1s and at most half the window. A shorter interval judges sooner after a
+    /// regression starts; a longer one costs fewer RPCs. Defaults to 5s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report_interval: Option<GatewayDuration>,
 
     /// Thresholds roll the cohort back when crossed. At least one is required.
     pub thresholds: RolloutThresholds,
@@ -155,6 +169,13 @@ impl Rollout {
         self.window
             .as_ref()
             .map_or(Ok(DEFAULT_ROLLOUT_WINDOW), GatewayDuration::parse)
+    }
+
+    /// The report interval, with its default.
+    pub fn report_interval(&self) -> Result<Duration, DurationError> {
+        self.report_interval
+            .as_ref()
+            .map_or(Ok(DEFAULT_ROLLOUT_REPORT_INTERVAL), GatewayDuration::parse)
     }
 
     /// The minimum sample, with its default.

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::{
     classifier::InferenceClassifierSpec,
-    policy::{ASSIGN_BY, InferencePolicySpec, Rollout},
+    policy::{ASSIGN_BY, InferencePolicySpec, MIN_ROLLOUT_REPORT_INTERVAL, Rollout},
 };
 
 pub(super) fn validate(
@@ -33,6 +33,26 @@ pub(super) fn validate(
             ErrorKind::Invalid,
             "must be greater than 0s: the arms are compared over it",
         );
+    }
+    match (rollout.report_interval(), rollout.window()) {
+        (Err(e), _) => errors.push(
+            format!("{field}.reportInterval"),
+            ErrorKind::Invalid,
+            e.to_string(),
+        ),
+        (Ok(i), _) if i < MIN_ROLLOUT_REPORT_INTERVAL => errors.push(
+            format!("{field}.reportInterval"),
+            ErrorKind::Invalid,
+            format!(
+                "{i:?} is shorter than {MIN_ROLLOUT_REPORT_INTERVAL:?}: every proxy sends one report an interval"
+            ),
+        ),
+        (Ok(i), Ok(w)) if !w.is_zero() && i * 2 > w => errors.push(
+            format!("{field}.reportInterval"),
+            ErrorKind::Invalid,
+            format!("{i:?} is more than half the window ({w:?}): the window must hold at least two reports"),
+        ),
+        _ => {}
     }
     if rollout.min_samples == Some(0) {
         errors.push(

@@ -14,7 +14,7 @@ use kinference_api::policy::{
     RolloutThresholdStatus,
 };
 use kinference_policy_core::{
-    inference::{self as core, AssignBy, Balancer, DEFAULT_ROLLOUT_REPORT_INTERVAL, Rule},
+    inference::{self as core, AssignBy, Balancer, Rule},
     rollout::{
         Comparison, Threshold, Thresholds,
         judge::{ArmSummary, DeclaredState, Outcome, Phase, VerdictKind},
@@ -62,7 +62,9 @@ pub(crate) fn served(
                 header: r.header.clone(),
                 candidate_rules: candidate_rules(),
                 candidate_balancer: candidate_balancer()?,
-                report_interval: DEFAULT_ROLLOUT_REPORT_INTERVAL,
+                report_interval: r
+                    .report_interval()
+                    .map_err(|e| format!("spec.rollout.reportInterval: {e}"))?,
                 window: r
                     .window()
                     .map_err(|e| format!("spec.rollout.window: {e}"))?,

@@ -21,6 +21,7 @@ fn with_rollout(state: &str, name: &str) -> String {
     header: x-user
     window: 2m
     minSamples: 300
+    reportInterval: 10s
     thresholds: {{errorRate: 0.02, ttftP90Ratio: 1.2}}
     state: {state}
 "#,
@@ -66,6 +67,7 @@ fn a_running_rollout_is_served_with_the_policy_routing_filled_in() {
     // The control keeps the policy's own balancer.
     assert_eq!(p.balancer.failure_mode, FailureMode::FailClose);
     assert_eq!(r.window, Duration::from_secs(120));
+    assert_eq!(r.report_interval, Duration::from_secs(10));
     assert_eq!(r.thresholds.min_samples, 300);
     assert_eq!(r.thresholds.error_rate_increase, Some(0.02));
     let declared = index.read().declared_rollouts();
