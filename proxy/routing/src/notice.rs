@@ -6,9 +6,10 @@
 //! sidecars sent in that interval are the largest error the prediction has left (issue 21): every
 //! sidecar sees the same endpoint idle and sends to it in the same instant. A notice says, at
 //! dispatch, first token and completion, what another proxy did; the router keeps them per
-//! endpoint as a second in-flight ledger, and the prediction adds the work that was sent after the
-//! endpoint's latest scrape (what the scrape cannot show yet) to the queue ahead. Work sent before
-//! the scrape is already in its gauges and is not counted twice.
+//! endpoint as a second in-flight ledger, and the prediction counts each noticed request as it
+//! counts an own one: in full until its first token, and taken out of the gauges' estimate of
+//! unknown clients' work when a reading already includes it (so it is counted once). A noticed
+//! prompt still queued counts as pending prefix ([`crate::Router::observe_notice_prompt`]).
 
 //!
 //! A dispatch notice may also carry what the sender predicted ([`Notice::predicted`]); the first

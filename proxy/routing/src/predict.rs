@@ -269,7 +269,7 @@ pub struct Prediction {
     /// `server_load − waiting − running`: requests that arrived during the engine step in
     /// progress, which the scheduler's gauges show only once it ends (0 without a fresh load).
     pub unpublished_requests: u32,
-    /// Reported waiting and unpublished requests that are not this proxy's own.
+    /// Reported waiting and unpublished requests that are not this proxy's own nor noticed.
     pub other_waiting_requests: u32,
     /// Estimated uncached tokens of each of those.
     pub other_request_tokens: f64,
@@ -279,12 +279,13 @@ pub struct Prediction {
     /// Others' waiting and prefilling tokens as of the scrape, less what the engine has prefilled
     /// since (scrape age × rate).
     pub others_queued_tokens: f64,
-    /// Own queued tokens still to prefill: `own_queued_prefill_tokens` less what the engine has
-    /// done of them, by the long step in progress or, without one, by the schedule predicted when
-    /// each was sent.
+    /// Known queued tokens still to prefill (own and other proxies' noticed requests):
+    /// `own_queued_prefill_tokens + foreign_queued_tokens` less what the engine has done of
+    /// them, by the long step in progress or, without one, by the schedule predicted when each
+    /// was sent.
     pub own_queued_left_tokens: f64,
-    /// Other proxies' uncached tokens sent here after the latest reading, from notices
-    /// ([`crate::notice`]); 0 without them.
+    /// Other proxies' uncached tokens here awaiting their first token, from notices
+    /// ([`crate::notice`]), counted in full as own ones are; 0 without them.
     pub foreign_queued_tokens: f64,
     pub running_seqs: u32,
     pub prefill_tokens_per_second: f64,
@@ -372,6 +373,11 @@ pub fn predict(
     let uncached_tokens = prompt_tokens - cached_tokens;
     let s = view.signals;
     let own = view.inflight;
+    // Other proxies' requests, from notices: known one by one like our own, and counted like
+    // them (see `crate::notice`). Only work nobody announced is left to the gauges' estimate.
+    let foreign = view.foreign;
+    let known_awaiting_as_of =
+        |at: Time| own.awaiting_first_token_as_of(at) + foreign.awaiting_first_token_as_of(at);
 
     // Reported waiting requests not already counted among our own (as of the scrape).
     let reported_waiting = s
@@ -399,19 +405,22 @@ pub fn predict(
                 .server_load
                 .filter(|_| unpublished_requests > 0)
                 .map_or(o.at, |l| l.at);
-            (o.value + unpublished_requests).saturating_sub(own.awaiting_first_token_as_of(as_of))
+            (o.value + unpublished_requests).saturating_sub(known_awaiting_as_of(as_of))
         }
-        Some(o) => o.value.saturating_sub(own.awaiting_first_token_as_of(o.at)),
+        Some(o) => o.value.saturating_sub(known_awaiting_as_of(o.at)),
         None => 0,
     };
     let hit_fraction = s.prefix_hit_fraction.map_or(0.0, |o| o.value);
     let other_request_tokens = view.mean_prompt_tokens.max(0.0) * (1.0 - hit_fraction);
     let own_queued = own.queued_prefill_tokens();
+    let foreign_queued_tokens = foreign.queued_prefill_tokens() as f64;
+    let known_queued = own_queued as f64 + foreign_queued_tokens;
     let rate = view.prefill_tokens_per_second.max(1.0);
     let others_prefilling_tokens = match s.prefilling_tokens {
         Some(o) if o.is_fresh(now, budget) => {
-            o.value
-                .saturating_sub(own.prompt_tokens_awaiting_as_of(o.at)) as f64
+            o.value.saturating_sub(
+                own.prompt_tokens_awaiting_as_of(o.at) + foreign.prompt_tokens_awaiting_as_of(o.at),
+            ) as f64
                 * (1.0 - hit_fraction)
                 * config.prefilling_remaining_fraction.clamp(0.0, 1.0)
         }
@@ -421,9 +430,10 @@ pub fn predict(
         .num_requests_running
         .map(|o| SignalInput::of(&o, now, budget));
     let own_decoding = own.decoding();
+    let known_decoding = own_decoding + foreign.decoding();
     let running_seqs = match s.num_requests_running {
-        Some(o) => o.value.max(own_decoding),
-        None => own_decoding,
+        Some(o) => o.value.max(known_decoding),
+        None => known_decoding,
     };
     let budget_tokens = f64::from(view.prior.max_num_batched_tokens.max(1));
     let decode_step_s = view.prior.time_per_output_token_s
@@ -446,23 +456,13 @@ pub fn predict(
         .num_requests_waiting
         .filter(|o| o.is_fresh(now, budget))
         .map_or(0.0, |o| o.age(now).as_secs_f64());
-    // Other proxies' work sent after the endpoint's latest reading (from notices): no gauge shows
-    // it yet. What was sent before is in the reading and is not counted twice.
-    let seen_as_of = s.num_requests_waiting.map(|o| {
-        s.server_load
-            .filter(|l| l.is_fresh(now, budget))
-            .map_or(o.at, |l| l.at.max(o.at))
-    });
-    let foreign = view.foreign;
-    let foreign_queued_tokens = match seen_as_of {
-        Some(at) => foreign
-            .queued_prefill_tokens()
-            .saturating_sub(foreign.queued_prefill_tokens_dispatched_by(at)),
-        None => foreign.queued_prefill_tokens(),
-    } as f64;
-    let undated_queued = own_queued as f64
-        + (others_at_scrape - scrape_age_s * rate).max(0.0)
-        + foreign_queued_tokens;
+    // Own and other proxies' requests (from notices) count in full until their first token,
+    // whenever they were sent: the gauges' share of them was taken out of the others above.
+    let undated_queued = known_queued + (others_at_scrape - scrape_age_s * rate).max(0.0);
+    let known_scheduled_left = |at: Time| {
+        own.scheduled_prefill_tokens_left(at, rate)
+            + foreign.scheduled_prefill_tokens_left(at, rate)
+    };
 
     // The queue dated by what the engine has under way. vLLM publishes its gauges and counters when
     // a step ends, so a scrape reads the queue as the last step end left it: the engine has been
@@ -495,12 +495,13 @@ pub fn predict(
         Some((elapsed_s, began)) => {
             let others_at_start =
                 (others_at_scrape - (scrape_age_s - elapsed_s).max(0.0) * rate).max(0.0);
-            let own_at_start = own.scheduled_prefill_tokens_left(began, rate);
+            let own_at_start = known_scheduled_left(began);
             let done = elapsed_s * rate;
             let others_left = (others_at_start - done).max(0.0);
             let own_left = (own_at_start - (done - others_at_start).max(0.0)).max(0.0);
-            let own_since =
-                own_queued as f64 - own.queued_prefill_tokens_dispatched_by(began) as f64;
+            let own_since = known_queued
+                - (own.queued_prefill_tokens_dispatched_by(began)
+                    + foreign.queued_prefill_tokens_dispatched_by(began)) as f64;
             (
                 others_left,
                 own_left + own_since,
@@ -509,12 +510,11 @@ pub fn predict(
         }
         None => (
             (others_at_scrape - published_age_s.unwrap_or(0.0).max(scrape_age_s) * rate).max(0.0),
-            own.scheduled_prefill_tokens_left(now, rate),
+            known_scheduled_left(now),
             false,
         ),
     };
-    let queued_prefill_tokens =
-        others_queued_tokens + own_queued_left_tokens + foreign_queued_tokens;
+    let queued_prefill_tokens = others_queued_tokens + own_queued_left_tokens;
     // What the engine reports waiting, in tokens, less what it could have prefilled since the
     // scrape: the floor of the dated queue when the endpoint is short of KV (below).
     let waiting_floor_tokens = match s.num_requests_waiting {
@@ -604,7 +604,9 @@ pub fn predict(
     // will queue behind it as are ahead of it now. When its prompt does not fit in the free KV
     // blocks, every request admitted while it holds its blocks (about as many as are running, by
     // Little's law) waits for them too.
-    let queue_depth_requests = other_waiting_requests.saturating_add(own.awaiting_first_token());
+    let queue_depth_requests = other_waiting_requests
+        .saturating_add(own.awaiting_first_token())
+        .saturating_add(foreign.awaiting_first_token());
     // Selection parts: read from the undated queue, as the selection ranks by it.
     let kv_bound = undated.completions_ahead > 0;
     let requests_behind = if kv_bound {
@@ -1087,7 +1089,7 @@ mod tests {
     }
 
     #[test]
-    fn other_proxies_work_sent_after_the_scrape_joins_the_queue_once() {
+    fn other_proxies_requests_count_in_full_like_own_and_once() {
         let (signals, own) = example();
         let prior = ModelPrior::default();
         let alone = predict(
@@ -1097,8 +1099,10 @@ mod tests {
             t(1.05),
             &PredictConfig::default(),
         );
-        // Another sidecar sent 3,000 uncached tokens after the scrape at 1.0 s (no gauge shows them
-        // yet) and 5,000 before it (the scrape's waiting count already holds those).
+        // Another sidecar sent 3,000 uncached tokens after the scrape at 1.0 s (no gauge shows
+        // them yet) and 5,000 before it (one of the scrape's 5 waiting). Both are known exactly,
+        // as own requests are: the scrape's waiting count less own and noticed requests is what
+        // is left to estimate by the mean prompt (5 − 2 own − 1 noticed = 2, not 3).
         let mut foreign = InFlight::default();
         foreign.dispatch(InFlightRequest::sent(1, t(1.02), 3_000));
         foreign.dispatch(InFlightRequest::sent(2, t(0.9), 5_000));
@@ -1107,24 +1111,35 @@ mod tests {
             ..example_view(&signals, &own, &prior)
         };
         let told = predict(&view, 1_000, None, t(1.05), &PredictConfig::default());
-        assert!(close(told.foreign_queued_tokens, 3_000.0));
+        assert_eq!(
+            (alone.other_waiting_requests, told.other_waiting_requests),
+            (3, 2)
+        );
+        assert!(close(told.foreign_queued_tokens, 8_000.0));
+        // Undated: both in full, one mean-sized estimate fewer (the 5,000 counted once).
         assert!(close(
             told.undated.queued_prefill_tokens,
-            alone.undated.queued_prefill_tokens + 3_000.0
+            alone.undated.queued_prefill_tokens - 1_000.0 + 8_000.0
         ));
+        // Dated: each by the schedule its sender predicted (here: prefill from its dispatch, at
+        // 10,000 tokens/s): 3,000 − 300 and 5,000 − 1,500 left at 1.05 s.
         assert!(close(
             told.dated.queued_prefill_tokens,
-            alone.dated.queued_prefill_tokens + 3_000.0
+            alone.dated.queued_prefill_tokens - 1_000.0 + 2_700.0 + 3_500.0
         ));
+        assert_eq!(told.queue_depth_requests, alone.queue_depth_requests + 1);
         assert!(told.ranked_ttft_s() > alone.ranked_ttft_s());
-        // Once its first token is noticed, it has left the queue.
+        // Once their first tokens are noticed, they have left the queue.
         foreign.first_token(1, t(1.04));
+        foreign.first_token(2, t(1.04));
         let view = EndpointView {
             foreign: &foreign,
             ..example_view(&signals, &own, &prior)
         };
         let after = predict(&view, 1_000, None, t(1.05), &PredictConfig::default());
         assert!(close(after.foreign_queued_tokens, 0.0));
+        // Request 2 had no first token at the scrape: still one of the waiting it reported.
+        assert_eq!(after.other_waiting_requests, 2);
     }
 
     #[test]

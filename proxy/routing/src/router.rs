@@ -149,6 +149,8 @@ struct EndpointState {
     accrual: Accrual,
     /// The chunk hashes of own requests sent here that have not had their first token yet.
     pending_prompts: Vec<(u64, Arc<[BlockHash]>)>,
+    /// The same for other proxies' requests, from notices ([`Router::observe_notice_prompt`]).
+    foreign_prompts: Vec<(u64, Arc<[BlockHash]>)>,
 }
 
 impl EndpointState {
@@ -175,8 +177,8 @@ impl EndpointState {
         self.latency.observe(ttft_s, at);
     }
 
-    /// Leading prompt tokens shared with a prompt this proxy sent here that is still waiting for
-    /// its first token (whose prefix the endpoint will have computed before it gets to `prompt`).
+    /// Leading prompt tokens shared with a prompt this proxy (or, by notice, another) sent here
+    /// that is still waiting for its first token (whose prefix the endpoint will have computed before it gets to `prompt`).
     fn pending_tokens(&self, prompt: &PromptBlocks) -> u64 {
         let hashes = prompt.hashes();
         let Some(first) = hashes.first() else {
@@ -185,11 +187,37 @@ impl EndpointState {
         let blocks = self
             .pending_prompts
             .iter()
+            .chain(self.foreign_prompts.iter())
             .filter(|(_, p)| p.first() == Some(first))
             .map(|(_, p)| p.iter().zip(hashes).take_while(|(a, b)| a == b).count())
             .max()
             .unwrap_or(0);
         blocks as u64 * u64::from(prompt.block_size_tokens())
+    }
+
+    /// Reconciles the notices' ledger with `GET /load` read at `at`: the endpoint's API server
+    /// holds every request from its arrival until its response ends, so the requests known here
+    /// (own and others', sent by `at`) are at most `server_load`. More means notices were lost
+    /// (a first token and a completion both lost would hold a request's work in the queue until
+    /// [`NOTICE_TTL`]): the excess, oldest first, is forgotten.
+    fn reconcile_foreign(&mut self, server_load: u32, at: Time) {
+        let sent_by = |f: &InFlight| f.iter().filter(|r| r.dispatched_at <= at).count();
+        let known = sent_by(&self.inflight) + sent_by(&self.foreign);
+        let excess = known.saturating_sub(server_load as usize);
+        if excess == 0 {
+            return;
+        }
+        let mut oldest: Vec<(Time, u64)> = self
+            .foreign
+            .iter()
+            .filter(|r| r.dispatched_at <= at)
+            .map(|r| (r.dispatched_at, r.id))
+            .collect();
+        oldest.sort_unstable();
+        for &(_, id) in oldest.iter().take(excess) {
+            let _ = self.foreign.complete(id);
+            self.foreign_prompts.retain(|(i, _)| *i != id);
+        }
     }
 
     fn forget_pending(&mut self, request_id: u64) {
@@ -300,6 +328,7 @@ impl Router {
             precise: None,
             accrual: Accrual::default(),
             pending_prompts: Vec::new(),
+            foreign_prompts: Vec::new(),
         });
     }
 
@@ -335,18 +364,48 @@ impl Router {
                     at.since_epoch().saturating_sub(NOTICE_TTL),
                 ));
                 st.foreign.dispatch(request);
+                let foreign = &st.foreign;
+                st.foreign_prompts
+                    .retain(|(i, _)| foreign.iter().any(|r| r.id == *i));
             }
             Notice::FirstToken { id, at } => {
+                st.foreign_prompts.retain(|(i, _)| *i != id);
                 // The sender's prediction teaches as one of this proxy's own would.
                 if let Some(ft) = st.foreign.first_token(id, at) {
                     st.learn(&ft, at, &cfg);
                 }
             }
             Notice::Complete { id } => {
+                st.foreign_prompts.retain(|(i, _)| *i != id);
                 let _ = st.foreign.complete(id);
             }
         }
         Ok(())
+    }
+
+    /// Records the prompt of another proxy's request `request_id` on endpoint `id`, whose
+    /// dispatch notice is on record and still awaits its first token: like a prompt this proxy
+    /// sent there, it is prefilled before a request queued behind it is admitted, which then
+    /// finds its prefix (`docs/ttft-model.md`, step 1, *pending*). Forgotten at the request's
+    /// first token or completion. Returns whether it was recorded.
+    pub fn observe_notice_prompt(
+        &mut self,
+        id: &EndpointId,
+        request_id: u64,
+        prompt: &PromptBlocks,
+    ) -> Result<bool, RouterError> {
+        let st = self.state_mut(id)?;
+        let awaiting = st
+            .foreign
+            .iter()
+            .any(|r| r.id == request_id && r.first_token_at.is_none());
+        if !awaiting || prompt.hashes().is_empty() {
+            return Ok(false);
+        }
+        st.foreign_prompts.retain(|(i, _)| *i != request_id);
+        st.foreign_prompts
+            .push((request_id, Arc::from(prompt.hashes())));
+        Ok(true)
     }
 
     /// Other proxies' requests on endpoint `id`, as notices have told them.
@@ -374,6 +433,9 @@ impl Router {
         };
         let before = st.signals.cache_config.map(|o| o.value);
         st.signals.apply(scrape, at);
+        if let Some(load) = scrape.server_load {
+            st.reconcile_foreign(load, at);
+        }
         let after = st.signals.cache_config.map(|o| o.value);
         if let Some(cc) = after.filter(|a| Some(*a) != before) {
             let capacity =

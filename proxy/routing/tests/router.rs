@@ -1094,6 +1094,76 @@ fn notices_of_other_proxies_requests_steer_away_from_an_endpoint_they_just_fille
 }
 
 #[test]
+fn a_prompt_another_proxy_queued_counts_as_cached_until_its_first_token() {
+    let cands = models(&[GLM]);
+    let glm = &cands[0];
+    let mut r = fleet(0, GLM, None);
+    let e0 = EndpointId::from("e0");
+    let mut meta = EndpointMeta::new(e0.clone(), GLM);
+    meta.kv_events = true;
+    r.upsert_endpoint(meta, t(0.0));
+    r.set_ready(&e0, true).unwrap();
+    r.apply_kv_events(&e0, &[KvEvent::AllBlocksCleared])
+        .unwrap();
+    scrape(&mut r, &e0, t(1.0), 3, 0, 0.1);
+    let hasher = FixedHasher(vec![7; 8]);
+    let next = shared_prefix_prompt('b');
+    let mut req = request(glm, &cands, 8_000, &next);
+    req.block_hasher = Some(&hasher);
+    // Another sidecar queued a prompt of the same group there: its notice names the prompt.
+    let first = shared_prefix_prompt('a');
+    r.observe_notice(&e0, Notice::dispatch(7, t(1.0), 8_000, 8_000))
+        .unwrap();
+    assert!(r.observe_notice_prompt(&e0, 7, &first).unwrap());
+    // A prompt whose dispatch is not on record is not kept.
+    assert!(!r.observe_notice_prompt(&e0, 8, &first).unwrap());
+    let d = r.decide(&req, t(1.1), &mut ChaCha8Rng::seed_from_u64(0));
+    let p = &d.chosen().unwrap().prediction;
+    assert_eq!(
+        (p.cached_tokens, p.prefix_source),
+        (6_000, Some(PrefixSource::Pending))
+    );
+    // Its first token ends it: the KV events are the source of truth again.
+    r.observe_notice(&e0, Notice::FirstToken { id: 7, at: t(1.2) })
+        .unwrap();
+    let d = r.decide(&req, t(1.2), &mut ChaCha8Rng::seed_from_u64(0));
+    assert_eq!(d.chosen().unwrap().prediction.cached_tokens, 0);
+}
+
+#[test]
+fn the_servers_load_bounds_the_noticed_requests_when_notices_are_lost() {
+    let mut r = fleet(1, "m", Some((t(0.0), 0)));
+    let e0 = EndpointId::from("e0");
+    // Three requests of another sidecar; the first one's first-token and completion notices
+    // are lost, so its work would stay queued until the notice TTL.
+    for id in 0..3 {
+        r.observe_notice(&e0, Notice::dispatch(id, t(0.1 * id as f64), 4_000, 4_000))
+            .unwrap();
+    }
+    let with_load = |load: u32| Scrape {
+        num_requests_waiting: Some(load),
+        num_requests_running: Some(0),
+        kv_cache_usage: Some(0.1),
+        cache_config: None,
+        prefix_cache: None,
+        server_load: Some(load),
+        generation_tokens: None,
+    };
+    // The endpoint holds all three: nothing is dropped.
+    r.observe_scrape(&e0, &with_load(3), t(0.3)).unwrap();
+    assert_eq!(r.foreign(&e0).unwrap().queued_prefill_tokens(), 12_000);
+    // It holds two: at least one is gone, and the oldest goes first.
+    r.observe_scrape(&e0, &with_load(2), t(0.4)).unwrap();
+    let left: Vec<u64> = r.foreign(&e0).unwrap().iter().map(|q| q.id).collect();
+    assert_eq!((left.len(), left.contains(&0)), (2, false));
+    // A request sent after the reading is not in it and is kept.
+    r.observe_notice(&e0, Notice::dispatch(3, t(0.5), 4_000, 4_000))
+        .unwrap();
+    r.observe_scrape(&e0, &with_load(2), t(0.45)).unwrap();
+    assert_eq!(r.foreign(&e0).unwrap().pending(), 3);
+}
+
+#[test]
 fn a_notice_with_the_senders_prediction_teaches_the_rate_as_an_own_request_would() {
     let model = ModelName::from("m");
     let blocks = prompt("a long prompt of its own");

@@ -485,6 +485,12 @@ impl Router for Kinference {
             PeerEvent::Complete { id, replica } => (*replica, Notice::Complete { id: *id }),
         };
         let _ = self.router.observe_notice(&self.ids[replica], notice);
+        if let PeerEvent::Dispatch { id, prompt, .. } = event {
+            let blocks = prompt_blocks(prompt, &self.router.config().approx);
+            let _ = self
+                .router
+                .observe_notice_prompt(&self.ids[replica], *id, &blocks);
+        }
     }
 
     fn on_kv_events(&mut self, replica: usize, events: &[KvEvent], _now: SimTime) {
