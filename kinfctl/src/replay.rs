@@ -79,6 +79,10 @@ pub struct Args {
     /// Print at most this many differing decisions (all go to --out).
     #[arg(long, default_value_t = 20)]
     show_differing: usize,
+    /// Do not calibrate the replay against the recording (see [`Calibration`]): report the
+    /// simulation's TTFTs as they come.
+    #[arg(long)]
+    no_calibrate: bool,
 }
 
 /// One traffic record, as the proxy writes it (`kinference_proxy::traffic::TrafficRecord`); only
@@ -141,7 +145,33 @@ pub struct Report {
     pub current: Side,
     pub candidate: Side,
     pub differing: Vec<Differing>,
+    /// The offset added to every replayed TTFT, if the replay was calibrated.
+    pub calibration: Option<Calibration>,
 }
+
+/// The request path's own time, fitted from the recording.
+///
+/// The simulation models the engines: queueing, prefill, the prefix cache. It does not model
+/// what a live request spends outside them: HTTP on both hops, the proxy's classification and
+/// tokenization, the engine's API server. The recording measured that time with the rest, so it
+/// is fitted from the recording: the current policy is replayed, and each request that the
+/// replay serves on the model it was served on live gives one residual, live TTFT minus
+/// replayed. The offset is their median (robust to the few requests the two runs queued
+/// differently), and it is added to every replayed TTFT of both policies. The current side then
+/// shows how well the fit holds; the candidate side is predicted from it. docs/rollout.md,
+/// "What-if replay".
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Calibration {
+    /// The median residual (seconds; negative if the simulation runs slower than live).
+    pub offset_s: f64,
+    /// The residuals it is fitted from.
+    pub samples: u64,
+    /// The residuals' median absolute deviation from the offset (seconds).
+    pub spread_s: f64,
+}
+
+/// Fewer matched residuals than this and the replay is not calibrated (and says so).
+pub const MIN_CALIBRATION_SAMPLES: usize = 20;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let records = read_records(&args.traffic)?;
@@ -182,11 +212,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .name
         .clone()
         .unwrap_or_else(|| format!("{} vs {}", args.candidate.display(), args.current.display()));
+    let calibration = if args.no_calibrate {
+        None
+    } else {
+        let c = replay.calibrate(&records, &a);
+        if c.is_none() {
+            eprintln!(
+                "fewer than {MIN_CALIBRATION_SAMPLES} recorded requests were replayed onto the model they were served by: the replay is not calibrated"
+            );
+        }
+        c
+    };
     let report = replay.report(
         name,
         args.rollout.clone(),
         (&current_name, &a),
         (&candidate_name, &b),
+        calibration,
     );
     print!(
         "{}",
@@ -347,6 +389,8 @@ fn low_complexity(r: &Record) -> bool {
 pub struct Replay {
     workload: Workload,
     ids: Vec<String>,
+    /// Per replayed request, its record's index.
+    recorded: Vec<usize>,
     /// Per replica, its live endpoint's name and model.
     replicas: Vec<(String, String)>,
     /// Requests whose model no endpoint serves (not replayed).
@@ -393,6 +437,7 @@ impl Replay {
         let t0 = records.first().map_or(0, |r| r.arrival_ms);
         let mut requests = Vec::new();
         let mut ids = Vec::new();
+        let mut recorded = Vec::new();
         let mut skipped = 0;
         for (i, r) in records.iter().enumerate() {
             let model = policy
@@ -413,6 +458,7 @@ impl Replay {
                 tenant: 0,
             });
             ids.push(r.request_id.clone());
+            recorded.push(i);
         }
         anyhow::ensure!(
             !requests.is_empty(),
@@ -429,6 +475,7 @@ impl Replay {
                 sessions: Vec::new(),
             },
             ids,
+            recorded,
             replicas,
             skipped,
         })
@@ -449,6 +496,31 @@ impl Replay {
         let (_, outcomes) = run_cell_with(&self.workload, &arm, cfg, Some(&make))?;
         let reasons = decided.lock().map(|d| d.clone()).unwrap_or_default();
         Ok(Ran { outcomes, reasons })
+    }
+
+    /// The offset that makes the current policy's replay agree with its recording (see
+    /// [`Calibration`]); `None` with fewer than [`MIN_CALIBRATION_SAMPLES`] residuals.
+    pub fn calibrate(&self, records: &[Record], current: &Ran) -> Option<Calibration> {
+        let mut residuals: Vec<f64> = current
+            .outcomes
+            .iter()
+            .zip(&self.recorded)
+            .filter_map(|(o, &i)| {
+                let r = &records[i];
+                let same = self.model_of(o) == Some(r.served_model.as_str());
+                Some(r.ttft_s? - o.ttft_s.filter(|_| same)?)
+            })
+            .collect();
+        if residuals.len() < MIN_CALIBRATION_SAMPLES {
+            return None;
+        }
+        let offset_s = quantile(&mut residuals, 0.5)?;
+        let mut deviations: Vec<f64> = residuals.iter().map(|d| (d - offset_s).abs()).collect();
+        Some(Calibration {
+            offset_s,
+            samples: residuals.len() as u64,
+            spread_s: quantile(&mut deviations, 0.5)?,
+        })
     }
 
     fn choice(&self, o: &Outcome) -> String {
@@ -473,6 +545,7 @@ impl Replay {
         rollout: Option<String>,
         current: (&str, &Ran),
         candidate: (&str, &Ran),
+        calibration: Option<Calibration>,
     ) -> Report {
         let differing = current
             .1
@@ -493,14 +566,16 @@ impl Replay {
                     .unwrap_or_else(|| "shed".into()),
             })
             .collect();
+        let offset = calibration.as_ref().map_or(0.0, |c| c.offset_s);
         Report {
             name,
             rollout,
             created: Some(crate::replay::now_rfc3339()),
             requests: Some(self.ids.len() as u64),
-            current: side(current.0, &current.1.outcomes),
-            candidate: side(candidate.0, &candidate.1.outcomes),
+            current: side(current.0, &current.1.outcomes, offset),
+            candidate: side(candidate.0, &candidate.1.outcomes, offset),
             differing,
+            calibration,
         }
     }
 }
@@ -524,8 +599,12 @@ pub fn quantile(v: &mut [f64], q: f64) -> Option<f64> {
     Some(v[lo] + (v[hi] - v[lo]) * (pos - lo as f64))
 }
 
-fn side(policy: &str, outcomes: &[Outcome]) -> Side {
-    let mut ttft: Vec<f64> = outcomes.iter().filter_map(|o| o.ttft_s).collect();
+fn side(policy: &str, outcomes: &[Outcome], offset_s: f64) -> Side {
+    let mut ttft: Vec<f64> = outcomes
+        .iter()
+        .filter_map(|o| o.ttft_s)
+        .map(|t| (t + offset_s).max(0.0))
+        .collect();
     let n = outcomes.len().max(1) as f64;
     let served: Vec<&Outcome> = outcomes
         .iter()
@@ -621,6 +700,15 @@ fn render(report: &Report, recorded: &Side, show: usize) -> String {
             "{label:<24} {:>22} {:>22} {:>22}\n",
             cells[0], cells[1], cells[2]
         ));
+    }
+    match &report.calibration {
+        Some(c) => out.push_str(&format!(
+            "calibrated: {:+.1} ms of request path added to every replayed TTFT (median of {} residuals, spread {:.1} ms)\n",
+            c.offset_s * 1000.0,
+            c.samples,
+            c.spread_s * 1000.0
+        )),
+        None => out.push_str("not calibrated: the TTFTs are the simulation's alone\n"),
     }
     out.push_str(&format!(
         "{} decisions differ (served model or shed)\n",
@@ -750,7 +838,7 @@ mod tests {
         };
         let a = replay.run(&widening, &cfg).unwrap();
         let b = replay.run(&narrow, &cfg).unwrap();
-        let report = replay.report("t".into(), None, ("wide", &a), ("narrow", &b));
+        let report = replay.report("t".into(), None, ("wide", &a), ("narrow", &b), None);
         assert_eq!(report.requests, Some(40));
         assert!(report.current.moved_share.unwrap() > 0.0, "{report:?}");
         assert_eq!(report.candidate.moved_share, Some(0.0));
@@ -764,7 +852,7 @@ mod tests {
         assert_ne!(report.candidate.ttft_p90_s, report.current.ttft_p90_s);
         // The same seed gives the same replay.
         let again = replay.run(&widening, &cfg).unwrap();
-        let p90 = |r: &Ran| side("x", &r.outcomes).ttft_p90_s;
+        let p90 = |r: &Ran| side("x", &r.outcomes, 0.0).ttft_p90_s;
         assert_eq!(p90(&again), p90(&a));
         // The JSON is what viz reads.
         let v = serde_json::to_value(&report).unwrap();
@@ -773,6 +861,39 @@ mod tests {
         assert!(v["differing"][0]["reason"].is_string());
         let text = render(&report, &recorded(&records), 3);
         assert!(text.contains("TTFT p90"), "{text}");
+        assert!(text.contains("not calibrated"), "{text}");
+
+        // Calibrated: the residuals are the requests the replay kept on glm-5.3, where they
+        // were served live, and the offset is their median.
+        let c = replay.calibrate(&records, &a).expect("enough residuals");
+        let mut expected: Vec<f64> = a
+            .outcomes
+            .iter()
+            .filter(|o| replay.model_of(o) == Some("glm-5.3"))
+            .filter_map(|o| Some(0.1 - o.ttft_s?))
+            .collect();
+        assert_eq!(c.samples as usize, expected.len());
+        assert!(expected.len() < records.len(), "some moved to qwen");
+        assert_eq!(Some(c.offset_s), quantile(&mut expected, 0.5));
+        let calibrated = replay.report(
+            "t".into(),
+            None,
+            ("wide", &a),
+            ("narrow", &b),
+            Some(c.clone()),
+        );
+        let shift = |s: &Side, t: &Side| s.ttft_p50_s.unwrap() - t.ttft_p50_s.unwrap();
+        for (s, t) in [
+            (&calibrated.current, &report.current),
+            (&calibrated.candidate, &report.candidate),
+        ] {
+            assert!((shift(s, t) - c.offset_s).abs() < 1e-9, "{s:?} {t:?}");
+        }
+        assert!(render(&calibrated, &recorded(&records), 0).contains("calibrated: "));
+        // Too few residuals: no calibration rather than a guess.
+        let few = Replay::new(&records[..10], &eps, &widening).unwrap();
+        let ran = few.run(&widening, &cfg).unwrap();
+        assert_eq!(few.calibrate(&records[..10], &ran), None);
     }
 
     #[test]

@@ -33,8 +33,12 @@ const HIGH: &str = "Design a distributed consensus protocol tolerant to Byzantin
      geo-replicated database; derive its message complexity, prove safety and liveness under \
      partial synchrony, and compare it with PBFT and HotStuff in latency and throughput.";
 
-/// The schedule both live runs send: (offset ms, prompt, max_tokens).
-fn schedule() -> Vec<(u64, String, u32)> {
+/// A schedule both live runs send: (offset ms, prompt, max_tokens).
+type Schedule = Vec<(u64, String, u32)>;
+
+/// The light schedule: one glm-5.3 request every 80 ms, one in three the same long complex
+/// prompt (cached after its first time), so queues stay short.
+fn schedule() -> Schedule {
     (0..120u64)
         .map(|i| {
             let prompt = if i % 3 == 0 {
@@ -43,6 +47,23 @@ fn schedule() -> Vec<(u64, String, u32)> {
                 LOW[i as usize % LOW.len()].to_string()
             };
             (i * 80, prompt, 24)
+        })
+        .collect()
+}
+
+/// The heavy schedule: one request every 40 ms, one in two complex, each complex prompt the
+/// shared question plus ~1,500 tokens of its own, so the glm-5.3 replica queues prefill and the
+/// widening rule's moves show in the tail.
+fn heavy_schedule() -> Schedule {
+    (0..160u64)
+        .map(|i| {
+            let prompt = if i % 2 == 0 {
+                let own: String = (0..300).map(|w| format!("case{i}w{w} ")).collect();
+                format!("{HIGH} Context for case {i}: {own}")
+            } else {
+                LOW[i as usize % LOW.len()].to_string()
+            };
+            (i * 40, prompt, 24)
         })
         .collect()
 }
@@ -56,7 +77,7 @@ fn without_rules(doc: &mut serde_yaml::Value) {
 }
 
 /// One live run: the schedule through a fresh stack; the recorded traffic and the endpoints view.
-async fn live(dir: &Path, name: &str, narrow: bool) -> (Vec<Value>, String) {
+async fn live(dir: &Path, name: &str, narrow: bool, schedule: &Schedule) -> (Vec<Value>, String) {
     let log = dir.join(format!("{name}.jsonl"));
     let opts = StackOptions {
         replicas: vec![("glm-5.3".into(), 1), ("qwen-3.6-27b".into(), 1)],
@@ -84,7 +105,7 @@ async fn live(dir: &Path, name: &str, narrow: bool) -> (Vec<Value>, String) {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let start = tokio::time::Instant::now();
     let mut tasks = Vec::new();
-    for (at, prompt, max_tokens) in schedule() {
+    for (at, prompt, max_tokens) in schedule.iter().cloned() {
         let (client, base) = (client.clone(), base.clone());
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(start + Duration::from_millis(at)).await;
@@ -160,11 +181,22 @@ fn moved(records: &[Value]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_predicts_the_live_p90_of_both_policies() {
+    check(&schedule()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_predicts_the_live_p90_of_both_policies_under_queueing() {
+    check(&heavy_schedule()).await;
+}
+
+/// Runs `schedule` live under A and B, replays A's recording through both, and checks the
+/// replay against both live runs.
+async fn check(schedule: &Schedule) {
     let dir = tempfile::tempdir().unwrap();
-    let (a, endpoints) = live(dir.path(), "a", false).await;
-    let (b, _) = live(dir.path(), "b", true).await;
-    assert_eq!(a.len(), schedule().len());
-    assert_eq!(b.len(), schedule().len());
+    let (a, endpoints) = live(dir.path(), "a", false, schedule).await;
+    let (b, _) = live(dir.path(), "b", true, schedule).await;
+    assert_eq!(a.len(), schedule.len());
+    assert_eq!(b.len(), schedule.len());
     // Before an engine's first KV event the precise index is empty and the decision hashes
     // only the approximate chunks; after it, vLLM-space blocks.
     let precise = a.iter().filter(|r| r["hash_source"] == "precise").count();
@@ -246,21 +278,21 @@ async fn a_replay_predicts_the_live_p90_of_both_policies() {
         "moved: predicted {predicted_moved}, live {live_moved}"
     );
     assert!(predicted_moved > 0.0, "the widening rule moved nothing");
-    // The issue's bar is FLEET_MAPE. It is missed today (measured 16-21 %, docs/rollout.md
-    // "What-if replay"): the live TTFT carries ~6 ms of HTTP, proxy and tokenizer time that the
-    // simulation does not model, on p90s of ~30 ms. What holds is asserted, named apart; the
-    // error against the bar is printed above.
-    const HOLDS_TODAY: f64 = 0.25;
+    // The issue's bar: each predicted p90 within the fleet benchmark's MAPE of the live one.
+    // The replay is calibrated on the recording (A's own live TTFTs against A replayed), so A is
+    // the fit and B, never recorded, the prediction.
+    let calibration = &report["calibration"];
+    println!("calibration: {calibration}");
+    assert!(
+        calibration["samples"].as_u64().unwrap() >= 20,
+        "{calibration}"
+    );
     for (side, p, l) in [("A", predicted_a, live_a), ("B", predicted_b, live_b)] {
-        if err(p, l) > FLEET_MAPE {
-            println!(
-                "{side}: p90 error {:.1}% misses the fleet MAPE bar of {:.0}%",
-                err(p, l) * 100.0,
-                FLEET_MAPE * 100.0
-            );
-        }
-        assert!(err(p, l) <= HOLDS_TODAY, "{side}: predicted {p}, live {l}");
-        // The simulation leaves out the request path's own time: it predicts low, never high.
-        assert!(p < l, "{side}: predicted {p}, live {l}");
+        assert!(
+            err(p, l) <= FLEET_MAPE,
+            "{side}: predicted p90 {p}, live {l}: error {:.1}% past the fleet MAPE of {:.0}%",
+            err(p, l) * 100.0,
+            FLEET_MAPE * 100.0
+        );
     }
 }

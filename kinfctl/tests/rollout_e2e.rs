@@ -6,12 +6,19 @@
 //!   fallback) is rolled back by the controller by itself, within the declared window, naming the
 //!   threshold it crossed; the cohort is then served the control policy.
 //! - A candidate that crosses nothing runs until `kinfctl rollout promote` makes it the policy.
+//! - With two controller replicas, each with its own proxy, neither replica alone receives the
+//!   minimum sample; with `--rollout-peers` each judges both halves and both roll back.
 //!
 //! Requests carry a user header the rollout is keyed by; the test computes each user's arm with
 //! the proxy's own split (`kinference_decision::rollout`), so both arms get traffic.
 
 use kinference_decision::rollout::{Arm, AssignBy, Split};
-use kinference_local::{Programs, Stack, StackOptions, poll::wait_until};
+use kinference_local::{
+    Programs, Stack, StackOptions,
+    poll::wait_until,
+    process::{Stderr, free_port},
+    stack::{spawn_controller_to, spawn_proxy},
+};
 use serde_json::{Value, json};
 use std::{path::Path, time::Duration};
 
@@ -37,10 +44,17 @@ fn rollout(name: &str, candidate: Value, thresholds: Value) -> serde_yaml::Value
 }
 
 async fn start(rollout: serde_yaml::Value) -> Stack {
+    start_with(rollout, StackOptions::default(), vec![]).await
+}
+
+/// The stack with `opts` and the controller's `extra` flags.
+async fn start_with(rollout: serde_yaml::Value, opts: StackOptions, extra: Vec<String>) -> Stack {
+    let mut controller_args = vec!["--rollout-judge-interval-ms".into(), JUDGE_MS.to_string()];
+    controller_args.extend(extra);
     let opts = StackOptions {
         time_scale: 0.2,
-        controller_args: vec!["--rollout-judge-interval-ms".into(), JUDGE_MS.to_string()],
-        ..StackOptions::default()
+        controller_args,
+        ..opts
     };
     let stack = tokio::task::spawn_blocking(move || {
         Stack::start(&Programs::workspace(), &opts, &move |doc| {
@@ -86,9 +100,19 @@ fn users(name: &str, per_arm: usize) -> (Vec<String>, Vec<String>) {
 
 /// One short chat completion as `user`, answered 200; its decision record.
 async fn chat(stack: &Stack, http: &reqwest::Client, user: &str, id: &str) -> Value {
+    chat_via(&stack.proxy, http, user, id).await
+}
+
+/// [`chat`] through `proxy`.
+async fn chat_via(
+    proxy: &kinference_local::Proxy,
+    http: &reqwest::Client,
+    user: &str,
+    id: &str,
+) -> Value {
     let body = json!({"model": "glm-5.3", "messages": [{"role": "user", "content": "Hi! What is 2+2?"}], "max_tokens": 4});
     let rsp = http
-        .post(format!("http://{}/v1/chat/completions", stack.proxy.listen))
+        .post(format!("http://{}/v1/chat/completions", proxy.listen))
         .header(HEADER, user)
         .header("x-request-id", id)
         .json(&body)
@@ -101,7 +125,7 @@ async fn chat(stack: &Stack, http: &reqwest::Client, user: &str, id: &str) -> Va
     let records: Value = http
         .get(format!(
             "http://{}/debug/decisions?request_id={id}",
-            stack.proxy.admin
+            proxy.admin
         ))
         .send()
         .await
@@ -118,8 +142,13 @@ async fn chat(stack: &Stack, http: &reqwest::Client, user: &str, id: &str) -> Va
 
 /// The rollout of policy `default/llm` as the controller's admin API shows it.
 async fn rollout_status(stack: &Stack, http: &reqwest::Client) -> Value {
+    rollout_status_at(stack.controller.admin, http).await
+}
+
+/// [`rollout_status`] of the controller whose admin listener is `admin`.
+async fn rollout_status_at(admin: std::net::SocketAddr, http: &reqwest::Client) -> Value {
     let v: Value = http
-        .get(format!("http://{}/rollouts", stack.controller.admin))
+        .get(format!("http://{admin}/rollouts"))
         .send()
         .await
         .unwrap()
@@ -264,6 +293,99 @@ async fn a_candidate_that_crosses_nothing_is_promoted_on_request() {
         "{text}"
     );
     assert!(Path::new(&dir).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_judge_all_the_traffic_together() {
+    let name = "stale-on-two";
+    let candidate = json!({"balancer": {
+        "freshnessBudget": "1ms", "failureMode": "FailOpen", "tieWindow": "20ms", "mode": "Enforce"}});
+    let mut declared = rollout(name, candidate, json!({"fallbackRate": 0.3}));
+    declared["reportInterval"] = "1s".into();
+    // Both replicas' admin ports are known up front: each names both as its peers (itself
+    // included, as a headless Service would; it recognises its own answer).
+    let admin = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let (one, two) = (admin(free_port().unwrap()), admin(free_port().unwrap()));
+    let peers = vec!["--rollout-peers".to_string(), format!("{one},{two}")];
+    let mut opts = StackOptions::default();
+    opts.addrs.controller_admin = one;
+    let stack = start_with(declared, opts, peers.clone()).await;
+    let mut extra = vec!["--rollout-judge-interval-ms".into(), JUDGE_MS.to_string()];
+    extra.extend(peers);
+    let (program, manifests) = (
+        stack.programs.controller.clone(),
+        stack.manifests.path().to_path_buf(),
+    );
+    let second = tokio::task::spawn_blocking(move || {
+        let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        spawn_controller_to(&program, &manifests, any, two, &extra, &Stderr::quiet(true))
+    })
+    .await
+    .unwrap()
+    .expect("the second replica starts");
+    let (program, grpc) = (stack.programs.proxy.clone(), second.grpc);
+    let proxy_two = tokio::task::spawn_blocking(move || spawn_proxy(&program, grpc, &[], true))
+        .await
+        .unwrap()
+        .expect("the second replica's proxy starts");
+    let http = reqwest::Client::new();
+    let ready = format!("http://{}/ready", proxy_two.admin);
+    wait_until(
+        "the second proxy is ready",
+        Duration::from_secs(60),
+        || async {
+            let rsp = http.get(&ready).send().await.ok()?;
+            rsp.status().is_success().then_some(())
+        },
+    )
+    .await;
+
+    // 12 requests a side through each replica's proxy: 24 in all, over the minimum of 20;
+    // either replica alone has 12. The cohort may be rolled back before the last are sent.
+    const PER_PROXY: usize = 12;
+    let (cohort, control) = users(name, PER_PROXY);
+    for (p, proxy) in [(1, &stack.proxy), (2, &proxy_two)] {
+        let first = chat_via(proxy, &http, &cohort[0], &format!("first-{p}")).await;
+        assert_eq!(first["rollout"]["arm"], "cohort", "{first}");
+    }
+    for (i, (a, b)) in cohort.iter().zip(&control).enumerate().skip(1) {
+        for (p, proxy) in [(1, &stack.proxy), (2, &proxy_two)] {
+            chat_via(proxy, &http, a, &format!("c{p}-{i}")).await;
+            chat_via(proxy, &http, b, &format!("k{p}-{i}")).await;
+        }
+    }
+    for replica in [one, two] {
+        let status = wait_until(
+            "each replica rolled back",
+            Duration::from_secs(30),
+            || async {
+                let s = rollout_status_at(replica, &http).await;
+                (s["phase"] == "RolledBack").then_some(s)
+            },
+        )
+        .await;
+        eprintln!("replica {replica}: {}", status["message"]);
+        assert_eq!(status["crossed"], "fallbackRate", "{status}");
+        // Judged over both halves: more than either replica received, from both proxies.
+        let judged = status["cohort"]["requests"].as_u64().unwrap();
+        assert!(judged > PER_PROXY as u64, "{status}");
+        assert_eq!(status["proxies"], 2, "{status}");
+    }
+    let metrics = http
+        .get(format!("http://{one}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("kinference_controller_rollout_peer_fetches_total{result=\"ok\"}")
+            && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    drop(second);
 }
 
 fn rand_id() -> u64 {

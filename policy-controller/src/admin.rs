@@ -1,7 +1,9 @@
 //! The admin server: `/live`, `/ready`, `/metrics`, `/debug/guards` (the proxies' latest
 //! quality-guard reports and each policy's merged condition, in every mode) and `/rollouts`
 //! (each declared rollout's phase, verdict, arms and thresholds, as `status.rollout` says them:
-//! the only place they show in manifest mode, where there is no status to write).
+//! the only place they show in manifest mode, where there is no status to write), and
+//! `/rollouts/windows` (this replica's own window sums, which its peers add to theirs:
+//! [`crate::peers`]).
 //!
 //! Kept apart from the gRPC port so probes and scrapes never compete with proxies'
 //! streams, as in Linkerd's controllers.
@@ -27,6 +29,7 @@ pub async fn serve(
     index: SharedIndex,
     guards: Arc<GuardReports>,
     rollouts: Arc<Rollouts>,
+    replica: Arc<str>,
 ) {
     loop {
         let (io, _) = match listener.accept().await {
@@ -40,13 +43,19 @@ pub async fn serve(
         let index = index.clone();
         let guards = guards.clone();
         let rollouts = rollouts.clone();
+        let replica = replica.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let metrics = metrics.clone();
                 let index = index.clone();
                 let guards = guards.clone();
                 let rollouts = rollouts.clone();
-                async move { Ok::<_, Infallible>(handle(&req, &metrics, &index, &guards, &rollouts)) }
+                let replica = replica.clone();
+                async move {
+                    Ok::<_, Infallible>(handle(
+                        &req, &metrics, &index, &guards, &rollouts, &replica,
+                    ))
+                }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             if let Err(error) = builder.serve_connection(TokioIo::new(io), svc).await {
@@ -71,6 +80,7 @@ fn handle(
     index: &SharedIndex,
     guards: &GuardReports,
     rollouts: &Rollouts,
+    replica: &str,
 ) -> Response<Full<Bytes>> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -110,6 +120,11 @@ fn handle(
         "/rollouts" => text(
             StatusCode::OK,
             rollouts_view(rollouts).to_string(),
+            "application/json",
+        ),
+        "/rollouts/windows" => text(
+            StatusCode::OK,
+            crate::peers::windows_view(replica, rollouts).to_string(),
             "application/json",
         ),
         _ => text(StatusCode::NOT_FOUND, "not found\n", PLAIN),

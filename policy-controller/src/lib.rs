@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod manifests;
 pub mod metrics;
+pub mod peers;
 pub mod runtime;
 
 pub use self::runtime::{Args, run};

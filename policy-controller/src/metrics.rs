@@ -100,6 +100,8 @@ pub struct RolloutMetrics {
     limit: Family<RolloutThresholdLabels, Gauge<f64, AtomicU64>>,
     requests: Family<RolloutArmLabels, Gauge>,
     errors: Family<RolloutArmLabels, Gauge>,
+    /// Fetches of the peer replicas' window sums (`--rollout-peers`), by result.
+    pub peer_fetches: crate::peers::PeerFetches,
 }
 
 impl RolloutMetrics {
@@ -147,8 +149,15 @@ impl RolloutMetrics {
             "Errors in each arm over the window",
             errors.clone(),
         );
+        let peer_fetches = crate::peers::PeerFetches::default();
+        registry.register(
+            "peer_fetches",
+            "Fetches of the other controller replicas' rollout windows (--rollout-peers), by result",
+            peer_fetches.clone(),
+        );
         Self {
             registry: Arc::new(registry),
+            peer_fetches,
             rollbacks,
             phase,
             closeness,

@@ -130,6 +130,14 @@ pub struct Args {
     #[arg(long, default_value_t = 1000)]
     pub signals_timeout_ms: u64,
 
+    /// The controller replicas' admin port, `host:port` resolving to every replica (in
+    /// Kubernetes, the controller's headless Service), or several `host:port` separated by
+    /// commas. Each replica judges its own proxies'
+    /// rollout reports plus its peers' window sums, fetched every judge interval, so every
+    /// replica judges all the traffic (docs/rollout.md, "Several replicas").
+    #[arg(long, env = "KINFERENCE_ROLLOUT_PEERS")]
+    pub rollout_peers: Option<String>,
+
     /// How often the rollout loop judges each running rollout's window, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub rollout_judge_interval_ms: u64,
@@ -329,6 +337,15 @@ fn spawn_rollout_loop(
     rollouts: &Arc<Rollouts>,
 ) {
     let every = Duration::from_millis(args.rollout_judge_interval_ms.max(10));
+    if let Some(peers) = &args.rollout_peers {
+        tokio::spawn(crate::peers::run(
+            peers.clone(),
+            replica_id(args).to_string(),
+            rollouts.clone(),
+            every,
+            metrics.rollout.peer_fetches.clone(),
+        ));
+    }
     let metrics = metrics.rollout.clone();
     tokio::spawn(kinference_policy_core::rollout::judge::run(
         rollouts.clone(),
@@ -339,6 +356,25 @@ fn spawn_rollout_loop(
             tracing::warn!(rollout = %rb.key, threshold = rb.crossed.threshold.as_str(), message = %rb.message, "rolled the cohort back");
         },
     ));
+}
+
+/// This replica's identity among its peers: its pod's name, else a random one (manifest mode,
+/// where no pod names it), drawn once per process.
+fn replica_id(args: &Args) -> Arc<str> {
+    static RANDOM: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    match &args.pod_name {
+        Some(name) => Arc::from(name.as_str()),
+        None => Arc::from(
+            RANDOM
+                .get_or_init(|| {
+                    use std::hash::{BuildHasher, Hasher};
+                    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                    h.write_u32(std::process::id());
+                    format!("controller-{:016x}", h.finish())
+                })
+                .as_str(),
+        ),
+    }
 }
 
 /// Binds the gRPC and admin ports and starts the admin server.
@@ -362,6 +398,7 @@ async fn bind_servers(
         index.clone(),
         reports.guards.clone(),
         reports.rollouts.clone(),
+        replica_id(args),
     ));
     Ok((grpc, grpc_addr, admin_addr))
 }

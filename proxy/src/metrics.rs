@@ -31,6 +31,10 @@ pub struct RequestLabels {
     pub served_model: String,
     pub pool: String,
     pub service_class: String,
+    /// The request's arm of the policy's rollout (`cohort`, `control`, `rest`), empty when the
+    /// policy runs none: three values at most, so every family a dashboard splits by tenant and
+    /// model can also be split by arm (issue 23).
+    pub arm: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -42,6 +46,8 @@ pub struct ErrorLabels {
     pub service_class: String,
     /// The HTTP status answered, or `stream` for a failure after the first byte.
     pub status: String,
+    /// The rollout arm, as in [`RequestLabels::arm`].
+    pub arm: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -52,6 +58,8 @@ pub struct DecisionLabels {
     pub reason: String,
     /// `enforce` or `shadow`.
     pub mode: String,
+    /// The rollout arm, as in [`RequestLabels::arm`].
+    pub arm: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -62,6 +70,8 @@ pub struct FallbackLabels {
     pub reason: String,
     /// `fail_open` (routed by the fallback balancer) or `fail_close` (refused).
     pub failure_mode: String,
+    /// The rollout arm, as in [`RequestLabels::arm`].
+    pub arm: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -836,6 +846,7 @@ impl RequestMetrics {
                 pool: labels.pool.clone(),
                 service_class: labels.service_class.clone(),
                 status: status.to_string(),
+                arm: labels.arm.clone(),
             })
             .inc();
     }
@@ -876,15 +887,16 @@ mod tests {
             served_model: "qwen-3.6-27b".into(),
             pool: "qwen-3.6-27b".into(),
             service_class: "Standard".into(),
+            arm: "cohort".into(),
         };
         m.http.requests.get_or_create(&l).inc();
         m.http.cost_usd.get_or_create(&l).inc_by(0.5);
         m.http.ttft_seconds.get_or_create(&l).observe(0.2);
         m.http.error(&l, "503");
         let text = m.encode();
-        assert!(text.contains(r#"kinference_proxy_requests_total{tenant="team-a/chat",requested_model="glm-5.3",served_model="qwen-3.6-27b",pool="qwen-3.6-27b",service_class="Standard"} 1"#), "{text}");
+        assert!(text.contains(r#"kinference_proxy_requests_total{tenant="team-a/chat",requested_model="glm-5.3",served_model="qwen-3.6-27b",pool="qwen-3.6-27b",service_class="Standard",arm="cohort"} 1"#), "{text}");
         assert!(text.contains("kinference_proxy_cost_usd_total{"), "{text}");
-        assert!(text.contains(r#"status="503"} 1"#), "{text}");
+        assert!(text.contains(r#"status="503",arm="cohort"} 1"#), "{text}");
         assert!(
             text.contains("kinference_proxy_ttft_seconds_bucket{"),
             "{text}"
@@ -901,6 +913,7 @@ mod tests {
             served_model: "qwen-3.6-27b".into(),
             pool: "qwen-3.6-27b".into(),
             service_class: "Standard".into(),
+            arm: String::new(),
         };
         m.http.observe_prediction(&l, "127.0.0.1:8003", 0.3, 0.2);
         m.route.rule_decisions(
@@ -929,7 +942,7 @@ mod tests {
         assert!(text.contains(&format!(
             "kinference_proxy_endpoint_predicted_ttft_seconds_sum{ep} 0.2"
         )));
-        assert!(text.contains(r#"kinference_proxy_prediction_error_seconds_count{tenant="team-a/chat",requested_model="glm-5.3",served_model="qwen-3.6-27b",pool="qwen-3.6-27b",service_class="Standard"} 1"#));
+        assert!(text.contains(r#"kinference_proxy_prediction_error_seconds_count{tenant="team-a/chat",requested_model="glm-5.3",served_model="qwen-3.6-27b",pool="qwen-3.6-27b",service_class="Standard",arm=""} 1"#));
         assert!(text.contains(r#"kinference_proxy_rule_decisions_total{tenant="team-a/chat",requested_model="glm-5.3",served_model="qwen-3.6-27b",rule="low-complexity-may-use-qwen"} 1"#), "{text}");
         assert_eq!(
             text.matches("kinference_proxy_rule_decisions_total{")

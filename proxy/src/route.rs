@@ -248,6 +248,9 @@ async fn route(
         span.record("arm", arm.as_str());
         (Arc::<str>::from(r.name()), arm)
     });
+    if let Some((_, arm)) = &arm {
+        labels.arm = arm.as_str().into();
+    }
     let decided_under = match (&arm, &active.cohort) {
         (Some((_, kinference_decision::rollout::Arm::Cohort)), Some(cohort)) => cohort.clone(),
         _ => active.policy.clone(),
@@ -793,6 +796,7 @@ fn count(params: &RouteParams, labels: &RequestLabels, plan: &Plan, decision_s: 
             served_model: served.clone(),
             reason: reason_name(&d.reason).into(),
             mode: mode_name(plan.mode).into(),
+            arm: labels.arm.clone(),
         })
         .inc();
     m.rule_decisions(
@@ -842,6 +846,7 @@ fn count(params: &RouteParams, labels: &RequestLabels, plan: &Plan, decision_s: 
                     FailureMode::FailClose => "fail_close",
                 }
                 .into(),
+                arm: labels.arm.clone(),
             })
             .inc();
     }

@@ -213,8 +213,28 @@ async fn a_cohort_follows_the_candidate_a_control_group_does_not_and_both_are_me
         let cost = metric("kinference_proxy_rollout_cost_usd_total", arm, "").await;
         assert!(cost > 0.0, "{arm}: {cost}");
     }
+    // The request families every dashboard reads carry the arm too, beside tenant and model.
+    for (arm, served) in [("cohort", "qwen-3.6-27b"), ("control", "glm-5.3")] {
+        let labels = [
+            format!(r#"arm="{arm}""#),
+            format!(r#"served_model="{served}""#),
+        ];
+        let labels = [labels[0].as_str(), labels[1].as_str()];
+        for family in [
+            "kinference_proxy_requests_total",
+            "kinference_proxy_ttft_seconds_count",
+            "kinference_proxy_decisions_total",
+        ] {
+            assert_eq!(
+                client.metric(family, &labels).await,
+                N as f64,
+                "{family} {arm}"
+            );
+        }
+    }
+    // The split covers every tenant: nothing falls outside both arms.
     let text = client.metrics_text().await;
-    assert!(!text.contains(r#"arm="rest""#), "the rest is not measured");
+    assert!(!text.contains(r#"arm="rest""#), "{text}");
 
     // The controller hears each arm's requests from this proxy, as deltas that add up to them.
     let mut reports = script.rollout_reports.subscribe();

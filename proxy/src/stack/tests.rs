@@ -227,7 +227,7 @@ async fn shadow_mode_records_the_decision_but_sends_to_the_requested_pool() {
     assert_eq!(rec.attempts, vec!["127.0.0.1:1"]);
     assert_eq!(&seen.lock()[0].1[..], LOW.as_bytes(), "not rewritten");
     let text = f.shared.metrics.encode();
-    assert!(text.contains(r#"mode="shadow"} 1"#), "{text}");
+    assert!(text.contains(r#"mode="shadow",arm=""} 1"#), "{text}");
 }
 
 #[tokio::test]
@@ -246,7 +246,7 @@ async fn label_values_come_from_policy_not_from_the_client() {
     );
     assert!(
         text.contains(
-            r#"requested_model="unknown",served_model="",pool="",service_class="",status="404"} 2"#
+            r#"requested_model="unknown",served_model="",pool="",service_class="",status="404",arm=""} 2"#
         ),
         "{text}"
     );
@@ -281,7 +281,7 @@ async fn signals_past_the_freshness_budget_fall_back_and_fail_closed() {
     assert_eq!(seen.lock().len(), 2, "nothing sent on stale signals");
     let text = f.shared.metrics.encode();
     assert!(
-        text.contains(r#"reason="stale_signals",failure_mode="fail_close"} 1"#),
+        text.contains(r#"reason="stale_signals",failure_mode="fail_close",arm=""} 1"#),
         "{text}"
     );
 }
@@ -638,7 +638,7 @@ async fn a_stream_that_goes_silent_ends_after_the_idle_timeout() {
     assert_eq!(started.elapsed(), Duration::from_secs(30));
     let text = f.shared.metrics.encode();
     assert!(
-        text.contains(r#"status="stream"} 1"#),
+        text.contains(r#"status="stream",arm=""} 1"#),
         "counted as a stream error: {text}"
     );
 }

@@ -9,6 +9,15 @@
 //! rollout again (it reads the rolled-back outcome back as [`Declared::persisted`]); a new name
 //! starts fresh. Promotion and abort are the user's ([`DeclaredState`]), never the loop's.
 //!
+//! With several controller replicas, each proxy reports to the one it is connected to, so each
+//! replica's window holds part of the traffic. Every replica therefore also takes its peers'
+//! window sums ([`Rollouts::peer_windows`], fetched by the binary from their admin API) and
+//! judges its own window plus theirs: a report reaches exactly one replica, so the parts are
+//! disjoint and add. A peer's sums older than [`PEER_TTL`] are not counted (a replica that is
+//! gone stops counting, and its proxies report to another), nor are sums of another revision.
+//! Every replica then judges the same traffic, and the verdict's seed is the rollout's, so they
+//! agree; whichever rolls back first writes the status, and the others read it back.
+//!
 //! The status writer is told about an outcome when what it says changes (the phase, the
 //! verdict, the crossed threshold) and otherwise at most every [`STATUS_REFRESH`], so moving
 //! counts do not rewrite the object at every tick. Time is tokio's, so tests can pause it.
@@ -28,6 +37,10 @@ pub const JUDGE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The longest the status writer waits for new counts of a rollout whose verdict stands.
 pub const STATUS_REFRESH: Duration = Duration::from_secs(30);
+
+/// How long a peer's window sums count after they were fetched: a few judge intervals, so one
+/// failed fetch does not drop a peer's part, and a replica gone for longer stops counting.
+pub const PEER_TTL: Duration = Duration::from_secs(10);
 
 /// A policy, as `(namespace, name)`.
 pub type PolicyKey = (String, String);
@@ -188,11 +201,16 @@ struct Outcomes {
     published_at: Option<Instant>,
 }
 
+/// A peer's window sums and when they were fetched.
+type PeerSums = (Instant, BTreeMap<RolloutKey, WindowSum>);
+
 /// The reports' windows and the outcomes, shared by the gRPC server (reports in), the loop, the
 /// status writer and the admin server.
 #[derive(Debug, Default)]
 pub struct Rollouts {
     windows: Mutex<Windows>,
+    /// Each peer replica's window sums, by its identity, and when they were fetched.
+    peers: Mutex<BTreeMap<String, PeerSums>>,
     outcomes: Mutex<Outcomes>,
     /// Notified when the published outcomes change.
     pub changed: Notify,
@@ -223,9 +241,43 @@ impl Rollouts {
         lock(&self.windows).record(key, served, window, report_interval, report, Instant::now())
     }
 
-    /// The rollout's window as of now.
+    /// The rollout's window as of now: this replica's reports only.
     pub fn window(&self, key: &RolloutKey) -> Option<WindowSum> {
         lock(&self.windows).sum(key, Instant::now())
+    }
+
+    /// Every rollout's window of this replica's own reports, as its peers fetch it.
+    pub fn local_windows(&self) -> BTreeMap<RolloutKey, WindowSum> {
+        let now = Instant::now();
+        let mut windows = lock(&self.windows);
+        let keys: Vec<RolloutKey> = windows.keys().cloned().collect();
+        keys.into_iter()
+            .filter_map(|k| Some((k.clone(), windows.sum(&k, now)?)))
+            .collect()
+    }
+
+    /// Takes `peer`'s window sums, as fetched now (replacing what it said before).
+    pub fn peer_windows(&self, peer: &str, sums: BTreeMap<RolloutKey, WindowSum>) {
+        lock(&self.peers).insert(peer.to_string(), (Instant::now(), sums));
+    }
+
+    /// The peers whose sums still count, as of `now` (forgetting the rest).
+    pub fn live_peers(&self) -> Vec<String> {
+        let now = Instant::now();
+        let mut peers = lock(&self.peers);
+        peers.retain(|_, (at, _)| now.saturating_duration_since(*at) <= PEER_TTL);
+        peers.keys().cloned().collect()
+    }
+
+    /// The rollout's window over every replica: this one's and its live peers' of the same
+    /// revision.
+    pub fn merged_window(&self, key: &RolloutKey) -> Option<WindowSum> {
+        let now = Instant::now();
+        let own = lock(&self.windows).sum(key, now);
+        let mut peers = lock(&self.peers);
+        peers.retain(|_, (at, _)| now.saturating_duration_since(*at) <= PEER_TTL);
+        let theirs = peers.values().filter_map(|(_, sums)| sums.get(key));
+        merge(own, theirs)
     }
 
     /// Judges every declared rollout, keeps the outcomes and returns the cohorts to move back.
@@ -273,7 +325,7 @@ impl Rollouts {
                     }
                 }
                 (DeclaredState::Running, false) => {
-                    let sum = lock(&self.windows).sum(&d.key, now).unwrap_or_default();
+                    let sum = self.merged_window(&d.key).unwrap_or_default();
                     let outcome = judge_window(d, &sum);
                     if let Some(crossed) = outcome.crossed {
                         rollbacks.push(Rollback {
@@ -322,6 +374,35 @@ impl Rollouts {
     pub fn published(&self) -> BTreeMap<PolicyKey, Outcome> {
         lock(&self.outcomes).published.clone()
     }
+}
+
+/// `own` plus the peers' sums of the same revision. The revision is this replica's when it has
+/// reports, else the newest any peer has (a replica whose proxies all moved away still judges
+/// the others' traffic). Revisions compare as the resource versions they are: longer is newer,
+/// then by text.
+fn merge<'a>(
+    own: Option<WindowSum>,
+    theirs: impl Iterator<Item = &'a WindowSum> + Clone,
+) -> Option<WindowSum> {
+    let revision = match &own {
+        Some(o) => o.revision.clone(),
+        None => theirs
+            .clone()
+            .map(|s| &s.revision)
+            .max_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)))?
+            .clone(),
+    };
+    let mut sum = own.unwrap_or_else(|| WindowSum {
+        revision: revision.clone(),
+        ..WindowSum::default()
+    });
+    for s in theirs.filter(|s| s.revision == revision) {
+        sum.cohort.add(&s.cohort);
+        sum.control.add(&s.control);
+        sum.proxies += s.proxies;
+        sum.reports += s.reports;
+    }
+    Some(sum)
 }
 
 /// One running rollout's outcome from its window.
@@ -505,6 +586,50 @@ mod tests {
         );
         assert_eq!(o.comparisons.len(), 2);
         assert!(o.comparisons.iter().all(|c| c.closeness() < 1.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn replicas_judge_their_reports_and_their_peers_together() {
+        // Two replicas, each with half the proxies: neither alone has the minimum sample, and
+        // the cohort is slower in both halves.
+        let (one, two) = (Rollouts::default(), Rollouts::default());
+        let d = [declared(DeclaredState::Running, false)];
+        report(&one, "a", arm(150, 0, 0.6, 1.2), arm(150, 0, 0.1, 0.5));
+        report(&two, "b", arm(150, 0, 0.6, 1.2), arm(150, 0, 0.1, 0.5));
+        assert!(one.judge(&d).is_empty());
+        assert_eq!(
+            one.outcomes()[&key().policy_key()].verdict,
+            Some(VerdictKind::Insufficient)
+        );
+        // Each takes the other's sums: both see 300 a side, and both roll back, alike.
+        one.peer_windows("two", two.local_windows());
+        two.peer_windows("one", one.local_windows());
+        let (rb1, rb2) = (one.judge(&d), two.judge(&d));
+        assert_eq!(rb1.len(), 1, "{:?}", one.outcomes());
+        assert_eq!(rb1[0].crossed.threshold, rb2[0].crossed.threshold);
+        assert_eq!(rb1[0].message, rb2[0].message);
+        let o = &one.outcomes()[&key().policy_key()];
+        assert_eq!(
+            (o.cohort.requests, o.control.requests, o.proxies),
+            (300, 300, 2)
+        );
+        // A peer's sums of another revision do not count, and neither do stale ones.
+        let mut other = two.local_windows();
+        other.values_mut().for_each(|s| s.revision = "r0".into());
+        let three = Rollouts::default();
+        report(&three, "c", arm(150, 0, 0.1, 0.5), arm(150, 0, 0.1, 0.5));
+        three.peer_windows("two", other);
+        assert_eq!(three.merged_window(&key()).unwrap().cohort.requests, 150);
+        three.peer_windows("one", one.local_windows());
+        assert_eq!(three.merged_window(&key()).unwrap().cohort.requests, 300);
+        assert_eq!(three.live_peers(), ["one", "two"]);
+        tokio::time::advance(PEER_TTL + Duration::from_secs(1)).await;
+        assert_eq!(three.merged_window(&key()).unwrap().cohort.requests, 150);
+        assert!(three.live_peers().is_empty());
+        // A replica with no reports of its own judges its peers' traffic.
+        let four = Rollouts::default();
+        four.peer_windows("two", two.local_windows());
+        assert_eq!(four.merged_window(&key()).unwrap().revision, "r1");
     }
 
     #[tokio::test(start_paused = true)]
