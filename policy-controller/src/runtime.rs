@@ -130,6 +130,20 @@ pub struct Args {
     #[arg(long, default_value_t = 1000)]
     pub signals_timeout_ms: u64,
 
+    /// The signal shard this replica's signal service serves (docs/signals.md, "Sharding"): only
+    /// the InferencePools whose `kinference.io/signals-shard` annotation names it; a watch of
+    /// another pool is refused (FAILED_PRECONDITION). Without it, the pools without the
+    /// annotation (the default shard).
+    #[arg(long, env = "KINFERENCE_SIGNALS_SHARD", requires = "signals_addr")]
+    pub signals_shard: Option<kinference_policy_core::inference::SignalsShard>,
+
+    /// Where proxies reach a signal shard, `SHARD=URI[,URI...]` (e.g.
+    /// `a=http://kinference-signals-a.kinference.svc.cluster.local:8092`), repeatable: the policy
+    /// of a pool on that shard names these addresses, so proxies need no per-shard flags. A pool
+    /// on a shard not named here is served with no address (its proxies read its engines).
+    #[arg(long = "signals-shard-addr")]
+    pub signals_shard_addrs: Vec<String>,
+
     /// The controller replicas' admin port, `host:port` resolving to every replica (in
     /// Kubernetes, the controller's headless Service), or several `host:port` separated by
     /// commas. Each replica judges its own proxies'
@@ -413,7 +427,7 @@ async fn spawn_signals(
     let Some(addr) = args.signals_addr else {
         return Ok(None);
     };
-    let hub = kinference_policy_signals::Hub::new(
+    let hub = kinference_policy_signals::Hub::sharded(
         index.clone(),
         kinference_policy_signals::HttpProbe::new(Duration::from_millis(args.signals_timeout_ms)),
         kinference_policy_signals::HubConfig {
@@ -421,6 +435,7 @@ async fn spawn_signals(
             refresh: Duration::from_millis(args.signals_refresh_ms),
         },
         metrics.signals.clone(),
+        args.signals_shard.clone(),
     );
     let (bound, serve) = kinference_policy_signals::SignalsServer::new(hub)
         .bind(addr, shutdown.signal())
@@ -431,7 +446,11 @@ async fn spawn_signals(
             tracing::error!(%error, "the signal service stopped");
         }
     });
-    tracing::info!(signals_addr = %bound, "serving engine signals");
+    tracing::info!(
+        signals_addr = %bound,
+        shard = kinference_policy_core::inference::SignalsShard::display(args.signals_shard.as_ref()),
+        "serving engine signals"
+    );
     Ok(Some(bound))
 }
 
@@ -440,12 +459,16 @@ fn signals_field(addr: Option<SocketAddr>) -> String {
     addr.map_or_else(String::new, |a| format!(" signals={a}"))
 }
 
-fn grpc_config(args: &Args, reports: &Reports) -> kinference_policy_grpc::Config {
-    kinference_policy_grpc::Config {
+fn grpc_config(args: &Args, reports: &Reports) -> anyhow::Result<kinference_policy_grpc::Config> {
+    let shards =
+        kinference_policy_core::inference::SignalsShardAddrs::parse(&args.signals_shard_addrs)
+            .map_err(|e| anyhow::anyhow!("--signals-shard-addr: {e}"))?;
+    Ok(kinference_policy_grpc::Config {
         cluster_domain: args.cluster_domain.clone(),
         guards: reports.guards.clone(),
         rollouts: reports.rollouts.clone(),
-    }
+        signals_shards: Arc::new(shards),
+    })
 }
 
 async fn run_manifests(
@@ -461,6 +484,7 @@ async fn run_manifests(
             "an identity issuer needs Kubernetes mode: proxies' tokens are reviewed by the API server"
         );
     }
+    let grpc_config = grpc_config(&args, &reports)?;
     let mut source = ManifestSource::new(dir.clone(), index.clone(), metrics.clone());
     source.reload().context("reading the manifest directory")?;
 
@@ -479,7 +503,7 @@ async fn run_manifests(
     let debounce = Duration::from_millis(args.debounce_ms);
     let watch = tokio::spawn(source.watch(debounce));
     tokio::select! {
-        res = kinference_policy_grpc::serve_with(grpc, index, metrics.grpc.clone(), grpc_config(&args, &reports), shutdown.signal()) => {
+        res = kinference_policy_grpc::serve_with(grpc, index, metrics.grpc.clone(), grpc_config, shutdown.signal()) => {
             res.context("gRPC server")?;
         }
         res = watch => {
@@ -602,7 +626,7 @@ async fn run_kubernetes(
                 grpc_tls,
                 index.clone(),
                 metrics.grpc.clone(),
-                grpc_config(&args, &reports),
+                grpc_config(&args, &reports)?,
                 shutdown.signal(),
             );
             (Box::pin(serve) as GrpcServe, "mtls")
@@ -613,7 +637,7 @@ async fn run_kubernetes(
                 grpc,
                 index.clone(),
                 metrics.grpc.clone(),
-                grpc_config(&args, &reports),
+                grpc_config(&args, &reports)?,
                 shutdown.signal(),
             );
             (Box::pin(serve) as GrpcServe, "off")

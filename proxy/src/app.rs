@@ -133,7 +133,7 @@ fn spawn_target(config: &Config, name: String, shared: &stack::Shared) -> Target
             signals::SignalsConfig {
                 interval: config.scrape_interval(),
                 timeout: config.scrape_timeout(),
-                service: config.signal_service(),
+                service: Some(config.signal_service()),
             },
         ),
     ]);

@@ -170,7 +170,8 @@ pub struct Config {
     /// `--signals-addr`), e.g. `http://kinference-signals.kinference:8092`. With it, each pool's
     /// engine readings come from the service's stream, and this proxy reads the engines itself
     /// only while the stream is down (docs/signals.md). Several, comma-separated, are controller
-    /// replicas tried in turn: a stream that fails moves to the next before falling back.
+    /// replicas tried in turn: a stream that fails moves to the next before falling back. A pool
+    /// the policy puts on a signal shard streams from that shard's addresses instead.
     #[arg(long, env = "KINFERENCE_PROXY_SIGNALS_ADDR", value_delimiter = ',')]
     pub signals_addr: Vec<http::Uri>,
 
@@ -343,17 +344,16 @@ impl Config {
         )
     }
 
-    /// Where engine readings come from: the signal service when `--signals-addr` names one.
-    pub fn signal_service(&self) -> Option<crate::signals::ServiceConfig> {
-        if self.signals_addr.is_empty() {
-            return None;
-        }
-        Some(crate::signals::ServiceConfig {
+    /// How the signal service is reached: `--signals-addr` for the pools on the default shard
+    /// (none: their engines are read directly), and the addresses the policy names for a pool
+    /// on a signal shard (docs/signals.md, "Sharding"), so it is always set.
+    pub fn signal_service(&self) -> crate::signals::ServiceConfig {
+        crate::signals::ServiceConfig {
             addrs: self.signals_addr.clone(),
             stale: Duration::from_millis(self.signals_stale_ms.max(1)),
             fallback_interval: Duration::from_millis(self.signals_fallback_interval_ms.max(1)),
             connect_timeout: self.scrape_timeout().max(Duration::from_millis(250)),
-        })
+        }
     }
 
     pub fn scrape_timeout(&self) -> Duration {

@@ -34,6 +34,18 @@ pub struct EndpointInfo {
     pub kv_events: Option<KvSubscription>,
     /// The model server it runs, whose metrics the scraper reads.
     pub engine: Engine,
+    /// The signal shard its pool is on, when the policy puts it on one (else the default shard:
+    /// `--signals-addr`).
+    pub signal_shard: Option<SignalShard>,
+}
+
+/// Where a sharded pool's engine readings are streamed (docs/signals.md, "Sharding").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SignalShard {
+    pub name: String,
+    /// The shard's signal-service addresses, tried in turn; empty when the controller does not
+    /// know the shard (the pool's engines are then read directly).
+    pub addrs: Vec<http::Uri>,
 }
 
 /// One endpoint's KV-event publisher.
@@ -373,6 +385,13 @@ fn desired(
                 destination: m.destination_path.clone(),
                 kv_events,
                 engine: engine_of(m),
+                signal_shard: policy
+                    .signals
+                    .get(&m.destination_path)
+                    .map(|s| SignalShard {
+                        name: s.shard.clone(),
+                        addrs: s.addrs.iter().filter_map(|a| a.parse().ok()).collect(),
+                    }),
             };
             desired.insert(id, (info, meta));
         }

@@ -57,8 +57,22 @@ pub struct SignalsConfig {
     pub service: Option<ServiceConfig>,
 }
 
-/// Keeps one scraper per endpoint (and, with a signal service, one stream per pool) until the
-/// returned task is dropped or aborted.
+/// Where this proxy streams a pool's engine readings: its shard's addresses when the policy puts
+/// the pool on a signal shard (none for a shard the controller does not know: the engines are
+/// then read directly), else `default` (`--signals-addr`; empty: no service).
+pub fn service_addrs<'a>(e: &'a EndpointInfo, default: &'a [http::Uri]) -> &'a [http::Uri] {
+    match &e.signal_shard {
+        Some(shard) => &shard.addrs,
+        None => default,
+    }
+}
+
+/// A pool's stream key: its Destination path, engine and the service addresses it streams from
+/// (a pool that moves to another shard gets a new stream).
+type PoolKey = (String, kinference_proxy_signals::Engine, Vec<http::Uri>);
+
+/// Keeps one scraper per endpoint (and, with a signal service, one stream per pool, at the
+/// pool's own shard's addresses) until the returned task is dropped or aborted.
 pub fn spawn(
     endpoints: EndpointTable,
     router: RouterHandle,
@@ -69,14 +83,14 @@ pub fn spawn(
         let scraper = Scraper::new(config.timeout);
         let mut rx = endpoints.subscribe();
         let mut tasks: HashMap<EndpointId, (EndpointInfo, Tasks)> = HashMap::new();
-        let mut pools: HashMap<(String, kinference_proxy_signals::Engine), service::PoolStream> =
-            HashMap::new();
-        // With a service, this target's name in notices, and the task that sends its own.
+        let mut pools: HashMap<PoolKey, service::PoolStream> = HashMap::new();
+        // With a service, this target's name in notices, and the task that sends its own, each
+        // to the service of its pool's shard.
         let sender = format!("{:016x}", rand::random::<u64>());
         let _notifier = config.service.as_ref().map(|service| {
             let (tap, rx) = tokio::sync::mpsc::channel(service::NOTICE_TAP);
             router.tap_notices(tap);
-            Aborting(service::spawn_notifier(
+            Aborting(service::spawn_notifiers(
                 service.clone(),
                 sender.clone(),
                 endpoints.clone(),
@@ -85,6 +99,8 @@ pub fn spawn(
                 rx,
             ))
         });
+        let no_addrs = Vec::new();
+        let default_addrs = config.service.as_ref().map_or(&no_addrs, |s| &s.addrs);
         loop {
             let current = rx.borrow_and_update().clone();
             tasks.retain(|id, (info, task)| {
@@ -94,36 +110,45 @@ pub fn spawn(
                 }
                 keep
             });
+            let key = |e: &EndpointInfo| -> PoolKey {
+                (
+                    e.destination.clone(),
+                    e.engine,
+                    service_addrs(e, default_addrs).to_vec(),
+                )
+            };
             if let Some(service) = &config.service {
-                pools.retain(|(dest, engine), _| {
-                    current
-                        .iter()
-                        .any(|e| e.destination == *dest && e.engine == *engine)
-                });
+                pools.retain(|k, _| current.iter().any(|e| key(e) == *k));
                 for e in current.iter() {
-                    pools
-                        .entry((e.destination.clone(), e.engine))
-                        .or_insert_with(|| {
-                            // Every endpoint of a pool publishes by the pool's one rule.
-                            let kv_events = current
-                                .iter()
-                                .filter(|o| o.destination == e.destination && o.engine == e.engine)
-                                .find_map(|o| o.kv_events.as_ref().map(service::kv_source));
-                            service::spawn_pool(service::PoolParams {
-                                config: service.clone(),
-                                destination: e.destination.clone(),
-                                engine: e.engine,
-                                labels: PoolLabels {
-                                    pool: e.pool.clone(),
-                                    model: e.model.clone(),
-                                },
-                                table: endpoints.clone(),
-                                router: router.clone(),
-                                metrics: metrics.clone(),
-                                sender: sender.clone(),
-                                kv_events,
-                            })
-                        });
+                    let k = key(e);
+                    if k.2.is_empty() {
+                        // No service for this pool: its endpoints are read directly.
+                        continue;
+                    }
+                    pools.entry(k).or_insert_with_key(|(_, _, addrs)| {
+                        // Every endpoint of a pool publishes by the pool's one rule.
+                        let kv_events = current
+                            .iter()
+                            .filter(|o| o.destination == e.destination && o.engine == e.engine)
+                            .find_map(|o| o.kv_events.as_ref().map(service::kv_source));
+                        service::spawn_pool(service::PoolParams {
+                            config: ServiceConfig {
+                                addrs: addrs.clone(),
+                                ..service.clone()
+                            },
+                            destination: e.destination.clone(),
+                            engine: e.engine,
+                            labels: PoolLabels {
+                                pool: e.pool.clone(),
+                                model: e.model.clone(),
+                            },
+                            table: endpoints.clone(),
+                            router: router.clone(),
+                            metrics: metrics.clone(),
+                            sender: sender.clone(),
+                            kv_events,
+                        })
+                    });
                 }
             }
             for e in current.iter() {
@@ -133,7 +158,7 @@ pub fn spawn(
                 let reads = Reads {
                     interval: config.interval,
                     service: config.service.as_ref().and_then(|s| {
-                        let pool = pools.get(&(e.destination.clone(), e.engine))?;
+                        let pool = pools.get(&key(e))?;
                         Some((pool.source.clone(), s.fallback_interval))
                     }),
                 };
@@ -524,6 +549,60 @@ async fn scrape_loop(
 mod tests {
     use super::*;
 
+    /// A pool on a signal shard streams from that shard's addresses, as the policy names them; a
+    /// pool on the default shard from `--signals-addr`; a pool on a shard the controller does not
+    /// know from nowhere (its engines are read directly), never from the default shard's service.
+    #[test]
+    fn each_pool_streams_from_its_own_shards_addresses() {
+        let uri = |s: &str| s.parse::<http::Uri>().unwrap();
+        let default = [uri("http://controller:8092")];
+        let glm = info("127.0.0.1:1".parse().unwrap());
+        assert_eq!(service_addrs(&glm, &default), default);
+        assert!(service_addrs(&glm, &[]).is_empty());
+
+        // From the wire: the policy's backend names the shard and its addresses.
+        let mut proto = kinference_proxy_discovery::testing::example_proto();
+        let backend = proto.models[0].backend.as_mut().unwrap();
+        backend.signals_shard = "a".into();
+        backend.signals_addrs = vec!["http://signals-a:8092".into(), "http://a2:8092".into()];
+        let backend = proto.models[1].backend.as_mut().unwrap();
+        backend.signals_shard = "z".into();
+        let policy = kinference_proxy_discovery::convert::policy(&proto);
+        let (table, router) = (EndpointTable::default(), RouterHandle::default());
+        let by_backend = policy
+            .models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                (
+                    m.destination_path.clone(),
+                    vec![kinference_proxy_discovery::Endpoint {
+                        addr: std::net::SocketAddr::from(([127, 0, 0, 1], 9000 + i as u16)),
+                        labels: Default::default(),
+                    }],
+                )
+            })
+            .collect();
+        table.sync(
+            &policy,
+            &kinference_proxy_discovery::Endpoints { by_backend },
+            &router,
+        );
+        let of = |port: u16| {
+            table
+                .info(&EndpointId::from(format!("127.0.0.1:{port}")))
+                .unwrap()
+        };
+        let (on_a, on_z) = (of(9000), of(9001));
+        assert_eq!(on_a.signal_shard.as_ref().unwrap().name, "a");
+        assert_eq!(
+            service_addrs(&on_a, &default),
+            [uri("http://signals-a:8092"), uri("http://a2:8092")]
+        );
+        assert_eq!(on_z.signal_shard.as_ref().unwrap().name, "z");
+        assert!(service_addrs(&on_z, &default).is_empty());
+    }
+
     /// Serves `body` at `GET /metrics` of a loopback listener (404 elsewhere), as a plain HTTP/1.1
     /// server.
     async fn serve(body: &'static str) -> std::net::SocketAddr {
@@ -627,6 +706,7 @@ mod tests {
             destination: "glm-5.3.default.inferencepool.kinference.io".into(),
             kv_events: None,
             engine: kinference_proxy_signals::Engine::Vllm,
+            signal_shard: None,
         }
     }
 

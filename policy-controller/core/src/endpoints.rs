@@ -29,6 +29,10 @@ pub struct PoolEndpoints {
     /// False when the pool (or the Service, or its port) is not known to the index.
     pub exists: bool,
     pub endpoints: BTreeMap<SocketAddr, Endpoint>,
+    /// The signal-service shard the pool is assigned to (its `kinference.io/signals-shard`
+    /// annotation; `None`: the default shard, and always for a Service port). The signal service
+    /// serves a pool only on the shard that owns it, and stops when it moves.
+    pub signals_shard: Option<crate::inference::SignalsShard>,
 }
 
 impl PoolEndpoints {
@@ -98,6 +102,7 @@ mod tests {
         PoolEndpoints {
             exists: true,
             endpoints: eps.iter().map(|e| (e.addr, e.clone())).collect(),
+            signals_shard: None,
         }
     }
 

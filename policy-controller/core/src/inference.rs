@@ -149,6 +149,130 @@ pub struct Model {
     pub kv_events: Option<KvEvents>,
     /// The model server the pool's endpoints run, whose metrics the proxy reads.
     pub engine: Engine,
+    /// The signal-service shard the pool is assigned to (`None`: the default shard).
+    pub signals_shard: Option<SignalsShard>,
+}
+
+/// The signal-service shard a pool is assigned to, from the InferencePool's
+/// `kinference.io/signals-shard` annotation (docs/signals.md, "Sharding"). A controller replica
+/// started with `--signals-shard NAME` reads and streams only the pools of that shard; one
+/// started without it, only the pools without the annotation (the default shard). A name is a
+/// DNS label (it names the shard's Deployment and Service in the chart).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SignalsShard(String);
+
+impl SignalsShard {
+    /// `kinference.io/signals-shard`: the shard's name; absent, the default shard.
+    pub const ANNOTATION: &'static str = "kinference.io/signals-shard";
+
+    /// A shard's name, checked: 1-63 lowercase letters, digits and `-`, starting and ending with
+    /// a letter or digit.
+    pub fn new(name: &str) -> Result<Self, String> {
+        let name = name.trim();
+        let ok = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !name.starts_with('-')
+            && !name.ends_with('-');
+        if ok {
+            Ok(Self(name.to_string()))
+        } else {
+            Err(format!(
+                "{name:?} is not a signal shard name (a DNS label: lowercase letters, digits, '-')"
+            ))
+        }
+    }
+
+    /// The shard a pool's annotations assign it to: `Ok(None)` without the annotation (the
+    /// default shard), `Err` naming the annotation when its value is not a shard name.
+    pub fn from_annotations(
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<Option<Self>, String> {
+        match annotations.get(Self::ANNOTATION) {
+            None => Ok(None),
+            Some(v) => Self::new(v)
+                .map(Some)
+                .map_err(|e| format!("annotation {}: {e}", Self::ANNOTATION)),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    /// How a shard is shown in logs, metrics and refusals: its name, or `(default)`.
+    pub fn display(shard: Option<&Self>) -> &str {
+        shard.map_or("(default)", Self::name)
+    }
+}
+
+impl std::fmt::Display for SignalsShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for SignalsShard {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::new(s)
+    }
+}
+
+/// Where the proxies reach each signal shard (the controller's `--signals-shard-addr`), so that
+/// the policy of a pool on a shard names the shard's addresses and proxies need no per-shard
+/// flags.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SignalsShardAddrs(BTreeMap<SignalsShard, Vec<String>>);
+
+impl SignalsShardAddrs {
+    /// From `NAME=URI[,URI...]` entries (each URI `http://host:port`, the shard's Service or its
+    /// replicas); a shard named twice is an error.
+    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Self, String> {
+        let mut map = BTreeMap::new();
+        for entry in entries {
+            let entry = entry.as_ref();
+            let (name, uris) = entry
+                .split_once('=')
+                .ok_or_else(|| format!("{entry:?} is not SHARD=URI[,URI...]"))?;
+            let shard = SignalsShard::new(name)?;
+            let uris: Vec<String> = uris
+                .split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(String::from)
+                .collect();
+            if uris.is_empty() {
+                return Err(format!("signal shard {shard} has no address"));
+            }
+            for u in &uris {
+                let ok = u
+                    .strip_prefix("http://")
+                    .or_else(|| u.strip_prefix("https://"))
+                    .is_some_and(|rest| !rest.is_empty() && !rest.contains(['/', ' ']));
+                if !ok {
+                    return Err(format!(
+                        "signal shard {shard}: {u:?} is not an address (http://host:port)"
+                    ));
+                }
+            }
+            if map.insert(shard.clone(), uris).is_some() {
+                return Err(format!("signal shard {shard} is named twice"));
+            }
+        }
+        Ok(Self(map))
+    }
+
+    /// The addresses of `shard`; empty for a shard this controller was not told of.
+    pub fn of(&self, shard: &SignalsShard) -> &[String] {
+        self.0.get(shard).map_or(&[], Vec::as_slice)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// The model server of a pool's endpoints, from the InferencePool's `kinference.io/engine`
@@ -518,6 +642,46 @@ mod tests {
         assert_eq!(e(" SGLang "), Ok(Engine::Sglang));
         assert_eq!(e("vllm"), Ok(Engine::Vllm));
         assert!(e("tgi").unwrap_err().contains("kinference.io/engine"));
+    }
+
+    #[test]
+    fn the_signal_shard_from_pool_annotations() {
+        assert_eq!(SignalsShard::from_annotations(&annotations(&[])), Ok(None));
+        let s = |v| SignalsShard::from_annotations(&annotations(&[(SignalsShard::ANNOTATION, v)]));
+        assert_eq!(
+            s(" shard-a "),
+            Ok(Some(SignalsShard::new("shard-a").unwrap()))
+        );
+        assert_eq!(s("b2").unwrap().unwrap().name(), "b2");
+        for bad in ["", "A", "-a", "a-", "a.b", "a_b", &"x".repeat(64)] {
+            let e = s(bad).unwrap_err();
+            assert!(e.contains(SignalsShard::ANNOTATION), "{bad:?}: {e}");
+        }
+        assert_eq!(SignalsShard::display(None), "(default)");
+    }
+
+    #[test]
+    fn signal_shard_addresses_parse() {
+        let a = SignalsShard::new("a").unwrap();
+        let m = SignalsShardAddrs::parse(&[
+            "a=http://signals-a.kinference:8092",
+            "b=http://10.0.0.1:8092, http://10.0.0.2:8092",
+        ])
+        .unwrap();
+        assert_eq!(m.of(&a), ["http://signals-a.kinference:8092"]);
+        assert_eq!(
+            m.of(&SignalsShard::new("b").unwrap()),
+            ["http://10.0.0.1:8092", "http://10.0.0.2:8092"]
+        );
+        assert!(m.of(&SignalsShard::new("c").unwrap()).is_empty());
+        for bad in ["a", "a=", "A=http://x:1", "a=x:1", "a=http://x/p"] {
+            assert!(
+                SignalsShardAddrs::parse(&[bad]).is_err(),
+                "{bad:?} accepted"
+            );
+        }
+        let twice = SignalsShardAddrs::parse(&["a=http://x:1", "a=http://y:1"]).unwrap_err();
+        assert!(twice.contains("twice"), "{twice}");
     }
 
     #[test]

@@ -290,6 +290,7 @@ mod tests {
         PoolEndpoints {
             exists: true,
             endpoints: ports.iter().map(|p| (ep(*p).addr, ep(*p))).collect(),
+            signals_shard: None,
         }
     }
 
@@ -345,6 +346,7 @@ mod tests {
         let empty = PoolEndpoints {
             exists: true,
             endpoints: Default::default(),
+            signals_shard: None,
         };
         assert_eq!(diff_updates(&pool(), None, &empty), vec![none(true)]);
         assert_eq!(

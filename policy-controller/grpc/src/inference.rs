@@ -38,6 +38,7 @@ pub struct InferencePolicyServer<D> {
     callers: Callers,
     guards: std::sync::Arc<GuardReports>,
     rollouts: std::sync::Arc<Rollouts>,
+    signals_shards: std::sync::Arc<core::SignalsShardAddrs>,
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
@@ -54,7 +55,14 @@ where
             callers: Callers::Claimed,
             guards: Default::default(),
             rollouts: Default::default(),
+            signals_shards: Default::default(),
         }
+    }
+
+    /// Where each signal shard is reached: a pool's policy names its shard's addresses.
+    pub fn with_signals_shards(mut self, shards: std::sync::Arc<core::SignalsShardAddrs>) -> Self {
+        self.signals_shards = shards;
+        self
     }
 
     /// Where the proxies' rollout reports go (the rollout loop judges them).
@@ -153,7 +161,7 @@ where
             .discover
             .watch_inference_policy(&target)
             .ok_or_else(|| tonic::Status::not_found(target.authority_in(&self.cluster_domain)))?;
-        let policy = to_proto(&rx.borrow());
+        let policy = to_proto_with(&rx.borrow(), &self.signals_shards);
         Ok(tonic::Response::new(policy))
     }
 
@@ -170,8 +178,9 @@ where
             .discover
             .watch_inference_policy(&target)
             .ok_or_else(|| tonic::Status::not_found(target.authority_in(&self.cluster_domain)))?;
+        let shards = self.signals_shards.clone();
         let stream: BoxStream<api::InferencePolicy> =
-            Box::pin(WatchStream::new(rx).map(|p| Ok(to_proto(&p))));
+            Box::pin(WatchStream::new(rx).map(move |p| Ok(to_proto_with(&p, &shards))));
         Ok(tonic::Response::new(self.metrics.track(API, stream)))
     }
 
@@ -308,8 +317,17 @@ fn resource(r: &ResourceRef) -> api::ResourceRef {
     }
 }
 
-/// Converts a policy state into the wire message.
+/// Converts a policy state into the wire message (a pool on a signal shard names the shard, with
+/// no addresses: see [`to_proto_with`]).
 pub fn to_proto(state: &InferencePolicyState) -> api::InferencePolicy {
+    to_proto_with(state, &core::SignalsShardAddrs::default())
+}
+
+/// [`to_proto`], each pool on a signal shard with the shard's addresses from `shards`.
+pub fn to_proto_with(
+    state: &InferencePolicyState,
+    shards: &core::SignalsShardAddrs,
+) -> api::InferencePolicy {
     match state {
         InferencePolicyState::NotFound { parent } => api::InferencePolicy {
             parent: Some(resource(parent)),
@@ -332,24 +350,27 @@ pub fn to_proto(state: &InferencePolicyState) -> api::InferencePolicy {
             }),
             ..Default::default()
         },
-        InferencePolicyState::Served(p) => policy_to_proto(p),
+        InferencePolicyState::Served(p) => policy_to_proto(p, shards),
         InferencePolicyState::LastGood { policy, rejected } => api::InferencePolicy {
             status: Some(api::Status {
                 kind: api::status::Kind::LastGood.into(),
                 message: format!("serving the last valid version: {rejected}"),
             }),
-            ..policy_to_proto(policy)
+            ..policy_to_proto(policy, shards)
         },
     }
 }
 
-fn policy_to_proto(p: &core::InferencePolicy) -> api::InferencePolicy {
+fn policy_to_proto(
+    p: &core::InferencePolicy,
+    shards: &core::SignalsShardAddrs,
+) -> api::InferencePolicy {
     api::InferencePolicy {
         parent: Some(resource(&p.parent)),
         source: Some(resource(&p.source)),
         classifier_sources: p.classifier_sources.iter().map(resource).collect(),
         revision: p.revision.clone(),
-        models: p.models.iter().map(model).collect(),
+        models: p.models.iter().map(|m| model(m, shards)).collect(),
         aliases: p
             .aliases
             .iter()
@@ -419,7 +440,7 @@ fn rollout_to_proto(r: &core::Rollout) -> api::Rollout {
     }
 }
 
-fn model(m: &core::Model) -> api::Model {
+fn model(m: &core::Model, shards: &core::SignalsShardAddrs) -> api::Model {
     api::Model {
         name: m.name.clone(),
         served_name: m.served_name.clone(),
@@ -428,6 +449,16 @@ fn model(m: &core::Model) -> api::Model {
             destination_path: m.pool.destination_path(),
             kv_events: m.kv_events.as_ref().map(kv_events),
             engine: m.engine.name().to_string(),
+            signals_shard: m
+                .signals_shard
+                .as_ref()
+                .map(|s| s.name().to_string())
+                .unwrap_or_default(),
+            signals_addrs: m
+                .signals_shard
+                .as_ref()
+                .map(|s| shards.of(s).to_vec())
+                .unwrap_or_default(),
         }),
         prior: Some(api::Prior {
             prefill_tokens_per_second: m.prior.prefill_tokens_per_second,
@@ -646,6 +677,40 @@ mod tests {
         assert!(p.models.is_empty());
     }
 
+    /// A pool on a signal shard names the shard and, where the controller knows them, its
+    /// addresses; a shard it does not know is named with none.
+    #[test]
+    fn a_sharded_pool_names_its_shards_addresses() {
+        let shard = |name: &str| Some(core::SignalsShard::new(name).unwrap());
+        let m = |signals_shard| Model {
+            name: "glm".into(),
+            served_name: "glm".into(),
+            pool: PoolRef::new("default", "glm"),
+            prior: Prior {
+                prefill_tokens_per_second: 6000.0,
+                time_per_output_token_s: 0.02,
+                prefill_attention_s_per_pair: 0.0,
+            },
+            price: Price::default(),
+            kv_events: None,
+            engine: core::Engine::Vllm,
+            signals_shard,
+        };
+        let shards =
+            core::SignalsShardAddrs::parse(&["a=http://signals-a:8092,http://a2:8092"]).unwrap();
+        let backend = |m| model(&m, &shards).backend.unwrap();
+        let a = backend(m(shard("a")));
+        assert_eq!(a.signals_shard, "a");
+        assert_eq!(a.signals_addrs, ["http://signals-a:8092", "http://a2:8092"]);
+        let unknown = backend(m(shard("z")));
+        assert_eq!(
+            (unknown.signals_shard.as_str(), unknown.signals_addrs.len()),
+            ("z", 0)
+        );
+        let default = backend(m(None));
+        assert!(default.signals_shard.is_empty() && default.signals_addrs.is_empty());
+    }
+
     #[test]
     fn served_policy_converts_every_field() {
         let pool = PoolRef::new("default", "qwen-3.6-27b");
@@ -675,6 +740,7 @@ mod tests {
                     tokenizer: "kinference-sim".into(),
                 }),
                 engine: core::Engine::Sglang,
+                signals_shard: None,
             }],
             aliases: vec![],
             rules: vec![Rule {
@@ -779,6 +845,11 @@ mod tests {
         let price = m.price.as_ref().unwrap();
         assert_eq!(price.cached_prompt_usd_per_million_tokens, 0.05);
         assert_eq!(price.currency, "EUR");
+        assert_eq!(
+            (backend.signals_shard.as_str(), backend.signals_addrs.len()),
+            ("", 0),
+            "the default signal shard: the proxy's own --signals-addr"
+        );
         let action = p.rules[0].action.as_ref().unwrap();
         assert_eq!(action.service_class, "Sheddable");
         let b = p.balancer.as_ref().unwrap();

@@ -49,6 +49,8 @@ pub struct Config {
     pub guards: Arc<kinference_policy_core::guard::GuardReports>,
     /// Where `InferencePolicies.ReportRollout` puts the proxies' rollout reports.
     pub rollouts: Arc<kinference_policy_core::rollout::judge::Rollouts>,
+    /// Where each signal shard is reached (`InferencePolicies` names a sharded pool's addresses).
+    pub signals_shards: Arc<kinference_policy_core::inference::SignalsShardAddrs>,
 }
 
 impl Default for Config {
@@ -57,6 +59,7 @@ impl Default for Config {
             cluster_domain: kinference_policy_core::target::CLUSTER_DOMAIN.to_string(),
             guards: Arc::default(),
             rollouts: Arc::default(),
+            signals_shards: Arc::default(),
         }
     }
 }
@@ -134,6 +137,7 @@ fn router<D: Discover>(
                 .with_cluster_domain(domain)
                 .with_guard_reports(config.guards)
                 .with_rollouts(config.rollouts)
+                .with_signals_shards(config.signals_shards)
                 .with_callers(callers)
                 .svc(),
         )

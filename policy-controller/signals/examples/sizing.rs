@@ -133,6 +133,7 @@ impl StaticIndex {
         let (tx, _) = watch::channel(PoolEndpoints {
             exists: true,
             endpoints,
+            signals_shard: None,
         });
         Self {
             pool: PoolRef::new(POOL_NAMESPACE, POOL_NAME),

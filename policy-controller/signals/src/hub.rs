@@ -7,14 +7,20 @@
 //! pool's tasks are aborted. A watcher that reads slowly sees only the latest state. When the
 //! first watcher says where the pool's endpoints publish KV events, each endpoint also gets one
 //! KV-event subscription, mirrored in the pool's [`PoolPrefix`].
+//!
+//! A hub serves one signal shard (docs/signals.md, "Sharding"): only the pools whose
+//! `kinference.io/signals-shard` annotation names it (the default shard: the pools without one).
+//! A watch of another shard's pool is refused ([`SubscribeError::NotOwned`], counted), never
+//! served empty; and a pool that moves to another shard while watched has its loops stopped and
+//! its streams ended, so that its engines are never read by two shards for long.
 
 use crate::{
     delta::{Entry, PoolState},
-    metrics::{PoolLabels, ScrapeLabels, SignalsMetrics},
+    metrics::{PoolLabels, RefusedLabels, ScrapeLabels, SignalsMetrics},
     prefix::{self, PoolPrefix},
     probe::Probe,
 };
-use kinference_policy_core::{DiscoverEndpoints, PoolEndpoints, PoolRef};
+use kinference_policy_core::{DiscoverEndpoints, PoolEndpoints, PoolRef, inference::SignalsShard};
 use kinference_proxy_api::signals as api;
 use kinference_proxy_signals::Engine;
 use parking_lot::Mutex;
@@ -68,7 +74,27 @@ struct Inner<D, P> {
     probe: P,
     config: HubConfig,
     metrics: SignalsMetrics,
+    /// The shard served (`None`: the default shard).
+    shard: Option<SignalsShard>,
     pools: Mutex<HashMap<PoolRef, Weak<Pool>>>,
+}
+
+/// Why a pool is not served.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubscribeError {
+    /// The index has no such pool.
+    #[error("no InferencePool {pool}")]
+    UnknownPool { pool: String },
+    /// Another signal shard owns the pool: its proxies are to watch it there.
+    #[error(
+        "InferencePool {pool} is on signal shard {owner}, and this replica serves shard {serving} \
+         (the pool's kinference.io/signals-shard annotation)"
+    )]
+    NotOwned {
+        pool: String,
+        owner: String,
+        serving: String,
+    },
 }
 
 /// How many notices a pool holds for its slowest watcher before that watcher loses the oldest.
@@ -124,13 +150,26 @@ where
     D: DiscoverEndpoints + Send + Sync + 'static,
     P: Probe,
 {
+    /// A hub of the default shard (the pools without a `kinference.io/signals-shard`).
     pub fn new(discover: D, probe: P, config: HubConfig, metrics: SignalsMetrics) -> Self {
+        Self::sharded(discover, probe, config, metrics, None)
+    }
+
+    /// A hub that serves the pools of `shard` only (`None`: the default shard).
+    pub fn sharded(
+        discover: D,
+        probe: P,
+        config: HubConfig,
+        metrics: SignalsMetrics,
+        shard: Option<SignalsShard>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 discover,
                 probe,
                 config,
                 metrics,
+                shard,
                 pools: Mutex::default(),
             }),
         }
@@ -140,10 +179,45 @@ where
         self.inner.config
     }
 
-    /// Watches `pool`, read as `engine` when this starts its loops; `None` when the index knows
-    /// no such pool.
-    pub fn subscribe(&self, pool: &PoolRef, engine: Engine) -> Option<Subscription> {
+    /// The shard served (`None`: the default shard).
+    pub fn shard(&self) -> Option<&SignalsShard> {
+        self.inner.shard.as_ref()
+    }
+
+    /// Watches `pool`, read as `engine` when this starts its loops; refused when the index knows
+    /// no such pool or another shard owns it.
+    pub fn subscribe(
+        &self,
+        pool: &PoolRef,
+        engine: Engine,
+    ) -> Result<Subscription, SubscribeError> {
         self.subscribe_with(pool, engine, None)
+    }
+
+    /// Whether this hub's shard owns the pool, as the index says now; a refusal is counted.
+    fn check_owner(
+        &self,
+        pool: &PoolRef,
+        endpoints: &watch::Receiver<PoolEndpoints>,
+    ) -> Result<(), SubscribeError> {
+        let owner = endpoints.borrow().signals_shard.clone();
+        if owner == self.inner.shard {
+            return Ok(());
+        }
+        let owner = SignalsShard::display(owner.as_ref()).to_string();
+        self.inner
+            .metrics
+            .refused
+            .get_or_create(&RefusedLabels {
+                pool: label(pool),
+                shard: owner.clone(),
+            })
+            .inc();
+        Err(SubscribeError::NotOwned {
+            pool: label(pool),
+            owner,
+            serving: SignalsShard::display(self.inner.shard.as_ref()).to_string(),
+        })
     }
 
     /// [`Hub::subscribe`], also following the endpoints' KV events from `kv` when this starts the
@@ -153,13 +227,25 @@ where
         pool: &PoolRef,
         engine: Engine,
         kv: Option<prefix::Source>,
-    ) -> Option<Subscription> {
+    ) -> Result<Subscription, SubscribeError> {
+        let endpoints = self
+            .inner
+            .discover
+            .watch_endpoints(pool)
+            .ok_or_else(|| SubscribeError::UnknownPool { pool: label(pool) })?;
+        // Asked of the index at every watch: a pool that moved away is refused even while its
+        // old streams wind down.
+        self.check_owner(pool, &endpoints)?;
         let mut pools = self.inner.pools.lock();
         pools.retain(|_, p| p.strong_count() > 0);
-        let shared = match pools.get(pool).and_then(Weak::upgrade) {
+        // A pool whose loops stopped (it had moved to another shard, and came back) starts anew.
+        let running = pools
+            .get(pool)
+            .and_then(Weak::upgrade)
+            .filter(|p| !p.task.is_finished());
+        let shared = match running {
             Some(p) => p,
             None => {
-                let endpoints = self.inner.discover.watch_endpoints(pool)?;
                 let (tx, rx) = watch::channel(PoolState::default());
                 let prefix = Arc::new(PoolPrefix::default());
                 let task = tokio::spawn(follow(
@@ -173,6 +259,7 @@ where
                         pool: label(pool),
                     },
                     kv.map(|kv| (kv, prefix.clone())),
+                    self.inner.shard.clone(),
                 ));
                 let p = Arc::new(Pool {
                     state: rx,
@@ -191,7 +278,7 @@ where
             .get_or_create(&PoolLabels { pool: label(pool) })
             .clone();
         watchers.inc();
-        Some(Subscription {
+        Ok(Subscription {
             state: shared.state.clone(),
             notices: shared.notices.subscribe(),
             prefix: shared.prefix.feed(),
@@ -253,22 +340,36 @@ struct EndpointTasks {
     _kv: Option<Aborting>,
 }
 
-/// Keeps one scrape loop (and KV-event subscription) per endpoint of the pool until aborted.
+/// Keeps one scrape loop (and KV-event subscription) per endpoint of the pool until aborted, or
+/// until the pool moves to another shard than `shard`: then every loop stops and the pool's
+/// state channel closes, which ends its streams (their sidecars ask again, and are refused or
+/// sent to the new shard by their policy).
 async fn follow<P: Probe>(
     mut endpoints: watch::Receiver<PoolEndpoints>,
     tx: watch::Sender<PoolState>,
     reader: Reader<P>,
     kv: Option<(prefix::Source, Arc<PoolPrefix>)>,
+    shard: Option<SignalsShard>,
 ) {
     let tx = Arc::new(tx);
     let mut loops: HashMap<SocketAddr, EndpointTasks> = HashMap::new();
     loop {
-        let current: Vec<SocketAddr> = endpoints
-            .borrow_and_update()
-            .endpoints
-            .keys()
-            .copied()
-            .collect();
+        let (current, owner): (Vec<SocketAddr>, _) = {
+            let e = endpoints.borrow_and_update();
+            (
+                e.endpoints.keys().copied().collect(),
+                e.signals_shard.clone(),
+            )
+        };
+        if owner != shard {
+            tracing::info!(
+                pool = %reader.pool,
+                to = SignalsShard::display(owner.as_ref()),
+                serving = SignalsShard::display(shard.as_ref()),
+                "the pool moved to another signal shard: no longer reading it"
+            );
+            return;
+        }
         let before = loops.len();
         loops.retain(|a, _| {
             let keep = current.contains(a);
@@ -415,10 +516,16 @@ pub(crate) mod tests {
                     )
                 })
                 .collect();
-            self.tx.send_replace(PoolEndpoints {
-                exists: true,
-                endpoints,
+            self.tx.send_modify(|e| {
+                e.exists = true;
+                e.endpoints = endpoints;
             });
+        }
+
+        /// Assigns the pool to a signal shard (`None`: the default).
+        pub fn set_shard(&self, shard: Option<&str>) {
+            let shard = shard.map(|s| SignalsShard::new(s).unwrap());
+            self.tx.send_modify(|e| e.signals_shard = shard);
         }
     }
 
@@ -499,9 +606,111 @@ pub(crate) mod tests {
         let _again = hub.subscribe(&index.pool, Engine::Vllm).unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(probe.reads.load(Ordering::Relaxed) > stopped);
-        assert!(
+        assert_eq!(
             hub.subscribe(&PoolRef::new("default", "other"), Engine::Vllm)
-                .is_none()
+                .err(),
+            Some(SubscribeError::UnknownPool {
+                pool: "default/other".into()
+            })
+        );
+    }
+
+    /// A shard serves only its own pools: another shard's pool (or the default shard's) is
+    /// refused and counted, read by nobody here; a pool that moves away while watched stops being
+    /// read and its watchers' state ends; back on this shard, it is served anew.
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_serves_its_own_pools_and_refuses_the_others() {
+        let index = FakeIndex::new(&[1, 2]);
+        let probe = CountingProbe::default();
+        let metrics = SignalsMetrics::default();
+        let a = SignalsShard::new("a").unwrap();
+        let hub = Hub::sharded(
+            index.clone(),
+            probe.clone(),
+            HubConfig::default(),
+            metrics.clone(),
+            Some(a.clone()),
+        );
+        let refused = |shard: &str| {
+            metrics
+                .refused
+                .get_or_create(&RefusedLabels {
+                    pool: "default/glm".into(),
+                    shard: shard.into(),
+                })
+                .get()
+        };
+        // The pool is on the default shard: refused, with who owns it and who was asked.
+        let e = hub.subscribe(&index.pool, Engine::Vllm).err().unwrap();
+        assert_eq!(
+            e,
+            SubscribeError::NotOwned {
+                pool: "default/glm".into(),
+                owner: "(default)".into(),
+                serving: "a".into()
+            }
+        );
+        assert!(e.to_string().contains("kinference.io/signals-shard"), "{e}");
+        assert_eq!(refused("(default)"), 1);
+        // On shard b: refused too; nothing is read.
+        index.set_shard(Some("b"));
+        assert!(matches!(
+            hub.subscribe(&index.pool, Engine::Vllm),
+            Err(SubscribeError::NotOwned { .. })
+        ));
+        assert_eq!(refused("b"), 1);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(probe.reads.load(Ordering::Relaxed), 0);
+        assert_eq!(hub.watched(), 0);
+
+        // On shard a: served.
+        index.set_shard(Some("a"));
+        let mut sub = hub.subscribe(&index.pool, Engine::Vllm).unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(probe.reads.load(Ordering::Relaxed) >= 18);
+        assert_eq!(sub.state.borrow_and_update().endpoints.len(), 2);
+
+        // Moved to b while watched: the loops stop and the watcher's state ends.
+        index.set_shard(Some("b"));
+        tokio::time::timeout(Duration::from_secs(1), async {
+            while sub.state.changed().await.is_ok() {}
+        })
+        .await
+        .expect("the moved pool's state ends");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let stopped = probe.reads.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(probe.reads.load(Ordering::Relaxed), stopped, "still read");
+        assert!(hub.subscribe(&index.pool, Engine::Vllm).is_err());
+
+        // Back on a: served anew although the old subscription is still held.
+        index.set_shard(Some("a"));
+        let mut again = hub.subscribe(&index.pool, Engine::Vllm).unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(probe.reads.load(Ordering::Relaxed) > stopped);
+        assert_eq!(again.state.borrow_and_update().endpoints.len(), 2);
+        drop(sub);
+    }
+
+    /// The default shard serves the pools without a shard, and refuses a sharded one.
+    #[tokio::test(start_paused = true)]
+    async fn the_default_shard_refuses_a_sharded_pool() {
+        let index = FakeIndex::new(&[1]);
+        let hub = Hub::new(
+            index.clone(),
+            CountingProbe::default(),
+            HubConfig::default(),
+            SignalsMetrics::default(),
+        );
+        assert!(hub.subscribe(&index.pool, Engine::Vllm).is_ok());
+        index.set_shard(Some("a"));
+        assert_eq!(
+            hub.subscribe(&index.pool, Engine::Vllm).err(),
+            Some(SubscribeError::NotOwned {
+                pool: "default/glm".into(),
+                owner: "a".into(),
+                serving: "(default)".into()
+            })
         );
     }
 }

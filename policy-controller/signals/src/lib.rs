@@ -21,7 +21,7 @@ pub mod probe;
 pub mod service;
 
 pub use self::{
-    hub::{Hub, HubConfig, Subscription},
+    hub::{Hub, HubConfig, SubscribeError, Subscription},
     metrics::SignalsMetrics,
     probe::{HttpProbe, Probe, ProbeError},
     service::SignalsServer,

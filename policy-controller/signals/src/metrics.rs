@@ -32,6 +32,13 @@ pub struct NoticeLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub pool: String,
+    /// The shard that owns the pool (`(default)`: the pools without a shard).
+    pub shard: String,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct SignalsMetrics {
     pub watchers: Family<PoolLabels, Gauge>,
@@ -39,6 +46,8 @@ pub struct SignalsMetrics {
     pub notices: Family<NoticeLabels, Counter>,
     /// Notices a watcher lost because it read too slowly.
     pub notices_lost: Family<PoolLabels, Counter>,
+    /// Watches refused because another signal shard owns the pool.
+    pub refused: Family<RefusedLabels, Counter>,
 }
 
 impl SignalsMetrics {
@@ -64,6 +73,12 @@ impl SignalsMetrics {
             "signals_notices_lost",
             "Notices a watcher lost because it read too slowly, by pool",
             m.notices_lost.clone(),
+        );
+        registry.register(
+            "signals_refused",
+            "EngineSignals.Watch calls refused because another signal shard owns the pool, by pool \
+             and owning shard",
+            m.refused.clone(),
         );
         m
     }

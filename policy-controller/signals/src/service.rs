@@ -6,7 +6,7 @@
 
 use crate::{
     delta,
-    hub::{Hub, Subscription},
+    hub::{Hub, SubscribeError, Subscription},
     metrics::{NoticeLabels, PoolLabels},
     probe::Probe,
 };
@@ -106,7 +106,13 @@ where
         let sub = self
             .hub
             .subscribe_with(&pool, engine, kv)
-            .ok_or_else(|| tonic::Status::not_found(target.path.clone()))?;
+            .map_err(|e| match e {
+                SubscribeError::UnknownPool { .. } => tonic::Status::not_found(e.to_string()),
+                SubscribeError::NotOwned { .. } => {
+                    tracing::debug!(pool = %pool, error = %e, "watch refused");
+                    tonic::Status::failed_precondition(e.to_string())
+                }
+            })?;
         let lost = self
             .hub
             .metrics()
@@ -466,5 +472,37 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(missing.code(), tonic::Code::NotFound);
+    }
+
+    /// A watch of a pool another shard owns is refused with FAILED_PRECONDITION naming the pool
+    /// and both shards, never answered with an empty stream.
+    #[tokio::test]
+    async fn another_shards_pool_is_refused_with_failed_precondition() {
+        let index = FakeIndex::new(&[1]);
+        index.set_shard(Some("b"));
+        let probe = CountingProbe::default();
+        let server = SignalsServer::new(Hub::sharded(
+            index,
+            probe.clone(),
+            HubConfig::default(),
+            SignalsMetrics::default(),
+            Some(kinference_policy_core::inference::SignalsShard::new("a").unwrap()),
+        ));
+        let refused = server
+            .watch(tonic::Request::new(api::SignalsTarget {
+                path: "glm.default.inferencepool.kinference.io".into(),
+                engine: String::new(),
+                kv_events: None,
+            }))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        let m = refused.message();
+        assert!(
+            m.contains("default/glm") && m.contains("shard b") && m.contains("shard a"),
+            "{m}"
+        );
+        assert_eq!(probe.reads.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
 }

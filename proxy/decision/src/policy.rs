@@ -234,6 +234,20 @@ pub struct Policy {
     /// A rollout in progress: the cohort's rules and balancer, beside these (the control
     /// group's and the rest's).
     pub rollout: Option<Rollout>,
+    /// Where the engine readings of each pool on a signal shard are streamed, by the pool's
+    /// Destination path (docs/signals.md, "Sharding"). A pool absent here is on the default
+    /// shard: the proxy's own `--signals-addr`.
+    pub signals: HashMap<String, PoolSignals>,
+}
+
+/// The signal shard a pool is assigned to, and where the controller says it is reached.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolSignals {
+    /// The shard's name (the InferencePool's `kinference.io/signals-shard`).
+    pub shard: String,
+    /// Its addresses (`http://host:port`), tried in turn; empty when the controller does not know
+    /// the shard (the proxy then reads the pool's engines itself).
+    pub addrs: Vec<String>,
 }
 
 /// A rollout's split and its candidate routing ([`crate::rollout`] assigns the arms).
@@ -478,6 +492,7 @@ pub(crate) mod tests {
             status_message: None,
             tenant_budgets: vec![],
             rollout: None,
+            signals: HashMap::new(),
         }
     }
 

@@ -12,7 +12,7 @@ pub use self::classifiers::classifiers;
 use kinference_decision::{
     Balancer, FailureMode, KvEvents, KvEventsPort, Mode, Model, Objective, Policy, Price, Rollout,
     ServiceClass, Timeouts,
-    policy::{Action, LabelExpr, Rule, TagMatch, WorkloadMatch},
+    policy::{Action, LabelExpr, PoolSignals, Rule, TagMatch, WorkloadMatch},
     rollout::{AssignBy, SLOTS, Split},
 };
 use kinference_proxy_api::inference as api;
@@ -60,8 +60,24 @@ pub fn policy(p: &api::InferencePolicy) -> Policy {
         .as_ref()
         .filter(|s| s.kind != api::status::Kind::Served as i32)
         .map(|s| s.message.clone());
+    let signals = p
+        .models
+        .iter()
+        .filter_map(|m| m.backend.as_ref())
+        .filter(|b| !b.signals_shard.is_empty())
+        .map(|b| {
+            (
+                b.destination_path.clone(),
+                PoolSignals {
+                    shard: b.signals_shard.clone(),
+                    addrs: b.signals_addrs.clone(),
+                },
+            )
+        })
+        .collect();
     Policy {
         revision: p.revision.clone(),
+        signals,
         models,
         aliases,
         rules,

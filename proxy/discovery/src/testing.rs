@@ -23,6 +23,8 @@ pub fn example_proto() -> api::InferencePolicy {
             destination_path: format!("{name}.default.inferencepool.kinference.io"),
             kv_events: None,
             engine: String::new(),
+            signals_shard: String::new(),
+            signals_addrs: vec![],
         }),
         prior: Some(api::Prior {
             prefill_tokens_per_second: tps,

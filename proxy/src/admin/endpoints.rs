@@ -98,6 +98,12 @@ pub fn view(target: &Target) -> serde_json::Value {
                         .get(e.destination.as_str())
                         .and_then(Option::as_ref)
                         .and_then(crate::signals::Source::fallback_reason),
+                    // The signal shard the policy puts the pool on (null: the default shard,
+                    // `--signals-addr`), and where that shard is reached.
+                    "signals_shard": e.signal_shard.as_ref().map(|s| serde_json::json!({
+                        "name": s.name,
+                        "addrs": s.addrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    })),
                     "signals": {
                         "num_requests_waiting": s.num_requests_waiting.map(|o| serde_json::json!({"value": o.value, "age_s": age(o.at)})),
                         "num_requests_running": s.num_requests_running.map(|o| serde_json::json!({"value": o.value, "age_s": age(o.at)})),

@@ -25,6 +25,11 @@
 //! reconnecting with backoff, and the pool returns to the service with the next snapshot. With
 //! several addresses (controller replicas, any of which serves) a failed stream moves to the next
 //! at once, and backs off only when a whole round has failed.
+//!
+//! Each pool streams from its own signal shard when the policy puts it on one (the controller
+//! names the shard's addresses in the pool's backend), else from `--signals-addr`: a proxy with
+//! pools on two shards holds two streams, and losing one shard turns only that shard's pools to
+//! direct reads. Its notices go to the shard of their pool the same way ([`spawn_notifiers`]).
 
 use crate::{
     endpoints::EndpointTable,
@@ -51,7 +56,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 #[derive(Clone, Debug)]
 pub struct ServiceConfig {
     /// The service's addresses (`http://host:port`): one, or each controller replica's, tried
-    /// in turn. Never empty.
+    /// in turn. Never empty in a pool's stream; empty as `--signals-addr` when none is given.
     pub addrs: Vec<http::Uri>,
     /// How long the stream may be silent before the pool reads its engines directly.
     pub stale: Duration,
@@ -489,7 +494,67 @@ pub fn wire_notice(
     }
 }
 
-/// Sends this target's own notices (from its router's tap) to the service until aborted,
+/// Routes this target's own notices (from its router's tap) to the service of each notice's
+/// pool: its signal shard's, or `config.addrs` (`--signals-addr`) for a pool on the default
+/// shard, with one notice stream ([`spawn_notifier`]) per distinct set of addresses, until
+/// aborted. A notice for a pool with no service is not sent (nobody would relay it); one that
+/// finds its stream's queue full is dropped and counted.
+pub fn spawn_notifiers(
+    config: ServiceConfig,
+    sender: String,
+    table: EndpointTable,
+    router: RouterHandle,
+    metrics: SignalMetrics,
+    mut tap: tokio::sync::mpsc::Receiver<OwnNotice>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        type Stream = (tokio::sync::mpsc::Sender<OwnNotice>, super::Aborting);
+        let mut streams: HashMap<Vec<http::Uri>, Stream> = HashMap::new();
+        while let Some(notice) = tap.recv().await {
+            let Some(e) = table.info(&notice.0) else {
+                continue;
+            };
+            let addrs = super::service_addrs(&e, &config.addrs);
+            if addrs.is_empty() {
+                continue;
+            }
+            let tx = match streams.get(addrs) {
+                Some((tx, _)) => tx,
+                None => {
+                    let (tx, rx) = tokio::sync::mpsc::channel(NOTICE_TAP);
+                    let task = spawn_notifier(
+                        ServiceConfig {
+                            addrs: addrs.to_vec(),
+                            ..config.clone()
+                        },
+                        sender.clone(),
+                        table.clone(),
+                        router.clone(),
+                        metrics.clone(),
+                        rx,
+                    );
+                    &streams
+                        .entry(addrs.to_vec())
+                        .or_insert((tx, super::Aborting(task)))
+                        .0
+                }
+            };
+            if tx.try_send(notice).is_err() {
+                let labels = labels_of(&e);
+                metrics
+                    .signal_notices
+                    .get_or_create(&NoticeLabels {
+                        pool: labels.pool,
+                        model: labels.model,
+                        result: "dropped",
+                    })
+                    .inc();
+            }
+        }
+    })
+}
+
+/// Sends this target's own notices (from `tap`) to the service at `config.addrs` until aborted,
 /// reconnecting with backoff; what arrives while it is away is dropped and counted.
 pub fn spawn_notifier(
     config: ServiceConfig,

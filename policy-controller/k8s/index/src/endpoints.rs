@@ -57,6 +57,7 @@ pub(crate) fn pool_endpoints(store: &Store, pool_ref: &PoolRef) -> PoolEndpoints
     PoolEndpoints {
         exists: true,
         endpoints: all.into_iter().filter(|(_, ep)| ep.ready).collect(),
+        signals_shard: crate::inference::signals_shard(pool),
     }
 }
 
@@ -103,6 +104,7 @@ pub(crate) fn service_endpoints(store: &Store, target: &ParentTarget) -> PoolEnd
     PoolEndpoints {
         exists: true,
         endpoints: all.into_iter().filter(|(_, ep)| ep.ready).collect(),
+        signals_shard: None,
     }
 }
 

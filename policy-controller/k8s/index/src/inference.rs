@@ -354,9 +354,11 @@ fn revision(policy: &PolicyResource, classifier: Option<&InferenceClassifier>) -
 pub(crate) struct PoolSettings {
     pub kv_events: Option<KvEvents>,
     pub engine: core::Engine,
+    pub signals_shard: Option<core::SignalsShard>,
 }
 
-/// A malformed annotation is ignored (KV events off, vLLM's metric names), as a pool without it.
+/// A malformed annotation is ignored (KV events off, vLLM's metric names, the default signal
+/// shard), as a pool without it.
 pub(crate) fn pool_settings(pool: &InferencePool) -> PoolSettings {
     let Some(annotations) = pool.metadata.annotations.as_ref() else {
         return PoolSettings::default();
@@ -364,7 +366,17 @@ pub(crate) fn pool_settings(pool: &InferencePool) -> PoolSettings {
     PoolSettings {
         kv_events: KvEvents::from_annotations(annotations).ok().flatten(),
         engine: core::Engine::from_annotations(annotations).unwrap_or_default(),
+        signals_shard: signals_shard(pool),
     }
+}
+
+/// The signal shard a pool's annotation assigns it to; a malformed one is the default shard (so
+/// that a typo cannot leave a pool on a shard nobody serves; its proxies then stream from their
+/// own `--signals-addr`).
+pub(crate) fn signals_shard(pool: &InferencePool) -> Option<core::SignalsShard> {
+    core::SignalsShard::from_annotations(pool.metadata.annotations.as_ref()?)
+        .ok()
+        .flatten()
 }
 
 /// Translates a validated policy. Errors here are ones validation should have caught.
@@ -524,6 +536,7 @@ fn model(ns: &str, m: &api::Model, pool: PoolSettings) -> Model {
             .unwrap_or_default(),
         kv_events: pool.kv_events,
         engine: pool.engine,
+        signals_shard: pool.signals_shard,
     }
 }
 

@@ -70,6 +70,8 @@ pub fn model(name: &str, path: &str) -> inf::Model {
             destination_path: path.into(),
             kv_events: None,
             engine: String::new(),
+            signals_shard: String::new(),
+            signals_addrs: vec![],
         }),
         ..Default::default()
     }

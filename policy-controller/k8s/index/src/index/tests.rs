@@ -993,5 +993,44 @@ fn pool_kv_event_annotations_reach_the_policy_and_republish_it() {
     );
 }
 
+/// The signal-shard annotation reaches the policies that name the pool and the pool's endpoint
+/// set (what the signal service checks ownership by), and follows changes.
+#[test]
+fn the_signal_shard_annotation_reaches_the_policy_and_the_endpoints() {
+    use kinference_policy_core::{DiscoverEndpoints, PoolRef, inference::SignalsShard};
+    let index = scenario();
+    let mut inference = index.watch_inference_policy(&target("llm", 8000)).unwrap();
+    let mut endpoints = index
+        .watch_endpoints(&PoolRef::new("default", "glm-5.3"))
+        .unwrap();
+    let shard = |rx: &tokio::sync::watch::Receiver<InferencePolicyState>, model: &str| {
+        rx.borrow()
+            .policy()
+            .and_then(|p| p.models.iter().find(|m| m.name == model).cloned())
+            .map(|m| m.signals_shard)
+    };
+    assert_eq!(shard(&inference, "glm-5.3"), Some(None));
+    assert_eq!(endpoints.borrow_and_update().signals_shard, None);
+    inference.mark_unchanged();
+    let annotated = POOLS.replace(
+        "metadata: {name: glm-5.3}",
+        "metadata:\n  name: glm-5.3\n  annotations: {kinference.io/signals-shard: shard-a}",
+    );
+    apply_yaml(&mut index.write(), &annotated);
+    assert!(inference.has_changed().unwrap());
+    let a = Some(SignalsShard::new("shard-a").unwrap());
+    assert_eq!(shard(&inference, "glm-5.3"), Some(a.clone()));
+    assert_eq!(shard(&inference, "qwen-3.6-27b"), Some(None));
+    assert!(endpoints.has_changed().unwrap());
+    assert_eq!(endpoints.borrow_and_update().signals_shard, a);
+    // A malformed name is the default shard.
+    apply_yaml(
+        &mut index.write(),
+        &annotated.replace("shard-a}", "Shard_A}"),
+    );
+    assert_eq!(shard(&inference, "glm-5.3"), Some(None));
+    assert_eq!(endpoints.borrow_and_update().signals_shard, None);
+}
+
 mod last_good;
 mod rollout;
