@@ -50,6 +50,23 @@ The engine-signals service's address the proxies dial (signals.enabled): the con
 {{ printf "http://%s.%s.svc.%s:%v" (include "kinference.controller.name" .) .Release.Namespace .Values.clusterDomain .Values.signals.port }}
 {{- end }}
 
+{{/* A signal shard's Deployment and Service name (signals.shards). */}}
+{{- define "kinference.signalsShard.name" -}}
+{{ printf "kinference-signals-%s" . }}
+{{- end }}
+
+{{/* A signal shard's address as the proxies dial it: its Service. Called with (dict "root" $ "name" NAME). */}}
+{{- define "kinference.signalsShardAddr" -}}
+{{ printf "http://%s.%s.svc.%s:%v" (include "kinference.signalsShard.name" .name) .root.Release.Namespace .root.Values.clusterDomain .root.Values.signals.port }}
+{{- end }}
+
+{{/* The labels that select a signal shard's pods. Called with (dict "root" $ "name" NAME). */}}
+{{- define "kinference.signalsShard.selectorLabels" -}}
+kinference.io/control-plane-component: signals-shard
+kinference.io/control-plane-ns: {{ .root.Release.Namespace }}
+kinference.io/signals-shard: {{ .name }}
+{{- end }}
+
 {{/*
 The webhooks' serving certificate, as YAML with base64 `crt`, `key` and `ca`. With `auto`, an
 existing Secret is kept (so upgrades do not rotate the CA under running webhooks); otherwise a CA and
