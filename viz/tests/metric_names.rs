@@ -199,6 +199,7 @@ fn every_queried_metric_and_label_is_exported() {
             requested_model: s("m"),
             reason: s("stale_signals"),
             failure_mode: s("fail_open"),
+            arm: String::new(),
         })
         .inc();
     let pool = kinference_proxy::metrics::PoolLabels {
