@@ -18,6 +18,8 @@
 
 #[path = "support/client.rs"]
 mod client;
+#[path = "support/mesh.rs"]
+mod mesh;
 
 use client::ProxyClient;
 use kinference_local::{
@@ -25,8 +27,9 @@ use kinference_local::{
     poll::wait_until,
     process::Stderr,
     relay::{Mode, Relay},
-    stack::{spawn_controller_to, spawn_proxy},
+    stack::spawn_controller_to,
 };
+use mesh::spawn_mesh;
 use serde_json::{Value, json};
 use std::{net::SocketAddr, path::Path, time::Duration};
 use tokio::time::Instant;
@@ -77,36 +80,6 @@ async fn start_stack() -> Stack {
     // The stack's own proxy reads the engines itself; the meshes below are measured alone.
     stack.proxy.proc.kill();
     stack
-}
-
-/// Starts `n` proxies side by side; `signals` are the service's addresses (its replicas), if they
-/// use one.
-async fn spawn_mesh(stack: &Stack, n: usize, signals: &[SocketAddr]) -> Vec<(Proxy, ProxyClient)> {
-    let mut extra = vec![];
-    if !signals.is_empty() {
-        let addrs: Vec<String> = signals.iter().map(|a| format!("http://{a}")).collect();
-        extra = vec!["--signals-addr".into(), addrs.join(",")];
-    }
-    let starts: Vec<_> = (0..n)
-        .map(|_| {
-            let (program, grpc, extra) = (
-                stack.programs.proxy.clone(),
-                stack.controller.grpc,
-                extra.clone(),
-            );
-            tokio::task::spawn_blocking(move || spawn_proxy(&program, grpc, &extra, true))
-        })
-        .collect();
-    let mut mesh = Vec::new();
-    for s in starts {
-        let proxy = s.await.unwrap().expect("a proxy starts");
-        let client = ProxyClient::of(&proxy);
-        mesh.push((proxy, client));
-    }
-    for (_, c) in &mesh {
-        c.wait_ready().await;
-    }
-    mesh
 }
 
 /// Every endpoint a proxy knows, with where its signals come from.

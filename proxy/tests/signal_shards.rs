@@ -16,15 +16,18 @@
 
 #[path = "support/client.rs"]
 mod client;
+#[path = "support/mesh.rs"]
+mod mesh;
 
 use client::ProxyClient;
 use kinference_local::{
     Programs, Proxy, Stack, StackOptions,
     poll::wait_until,
     process::Stderr,
-    stack::{Controller, spawn_controller_to, spawn_proxy},
+    stack::{Controller, spawn_controller_to},
 };
 use kinference_proxy_api::signals::{SignalsTarget, engine_signals_client::EngineSignalsClient};
+use mesh::spawn_mesh;
 use serde_json::{Value, json};
 use std::{net::SocketAddr, path::Path, time::Duration};
 use tokio::time::Instant;
@@ -140,26 +143,6 @@ async fn start() -> (Stack, Controller, Controller) {
     tokio::task::block_in_place(|| s.restart_controller(Duration::ZERO))
         .expect("the discovery controller restarts");
     (stack, a, b)
-}
-
-/// `n` proxies with no `--signals-addr`.
-async fn spawn_mesh(stack: &Stack, n: usize) -> Vec<(Proxy, ProxyClient)> {
-    let starts: Vec<_> = (0..n)
-        .map(|_| {
-            let (program, grpc) = (stack.programs.proxy.clone(), stack.controller.grpc);
-            tokio::task::spawn_blocking(move || spawn_proxy(&program, grpc, &[], true))
-        })
-        .collect();
-    let mut mesh = Vec::new();
-    for s in starts {
-        let proxy = s.await.unwrap().expect("a proxy starts");
-        let client = ProxyClient::of(&proxy);
-        mesh.push((proxy, client));
-    }
-    for (_, c) in &mesh {
-        c.wait_ready().await;
-    }
-    mesh
 }
 
 /// Each endpoint a proxy knows by pool: (signals source, shard name).
@@ -286,7 +269,7 @@ async fn each_pool_is_read_by_its_own_shard_and_a_lost_shard_costs_only_its_pool
     let service_nominal = 2.0 * 1000.0 / SERVICE_MS as f64;
     let both_service = [(GLM.0, "service"), (QWEN.0, "service")];
 
-    let mesh = spawn_mesh(&stack, n).await;
+    let mesh = spawn_mesh(&stack, n, &[]).await;
     wait_for(&mesh, &both_service, Duration::from_secs(30)).await;
     answered_by_all(&mesh, "sharded").await;
     let (glm_rate, qwen_rate) = read_rates(&http, &stack, Duration::from_secs(3)).await;
@@ -324,8 +307,7 @@ async fn each_pool_is_read_by_its_own_shard_and_a_lost_shard_costs_only_its_pool
             kv_events: None,
         })
         .await
-        .err()
-        .expect("shard a refuses qwen's pool");
+        .expect_err("shard a refuses qwen's pool");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
     assert!(
         refused.message().contains("default/qwen-3.6-27b") && refused.message().contains("shard b"),
