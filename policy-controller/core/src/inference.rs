@@ -107,16 +107,14 @@ pub struct Rollout {
     pub header: Option<String>,
     pub candidate_rules: Vec<Rule>,
     pub candidate_balancer: Balancer,
-    /// How often proxies report the arms.
+    /// How often proxies report the arms (`spec.rollout.reportInterval`), and the width of one
+    /// bucket of the window.
     pub report_interval: Duration,
     /// How far back the arms are compared.
     pub window: Duration,
     /// The declared thresholds, with the minimum sample.
     pub thresholds: crate::rollout::Thresholds,
 }
-
-/// How often proxies report a rollout's arms unless told otherwise.
-pub const DEFAULT_ROLLOUT_REPORT_INTERVAL: Duration = Duration::from_secs(5);
 
 /// What a request's arm is keyed by.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
