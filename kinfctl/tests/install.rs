@@ -20,6 +20,7 @@ use serde_json::Value;
 
 const HELM_ONLY_LABELS: [&str; 2] = ["helm.sh/chart", "app.kubernetes.io/managed-by"];
 const TLS_SECRET: &str = "kinference-policy-controller-tls";
+const PEERS_SERVICE: &str = "kinference-policy-controller-peers";
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -170,10 +171,87 @@ fn check_and_redact_tls(objects: &mut [Value], namespace: &str, side: &str) -> u
     bundles
 }
 
+/// The controller's replicas as Helm rendered its Deployment.
+fn controller_replicas(case: &str, helm: &[Value]) -> u64 {
+    helm.iter()
+        .find(|o| {
+            o["kind"] == "Deployment" && o["metadata"]["name"] == "kinference-policy-controller"
+        })
+        .and_then(|d| d["spec"]["replicas"].as_u64())
+        .unwrap_or_else(|| panic!("{case}: no controller Deployment with replicas"))
+}
+
+/// The rollout peers as Helm rendered them (docs/rollout.md, "Several replicas"): with more than
+/// one replica, a headless Service of every replica's admin port, not-ready ones included, and
+/// the controller's `KINFERENCE_ROLLOUT_PEERS` naming it; with one, neither.
+fn rollout_peers(case: &str, ns: &str, replicas: u64, helm: &[Value]) {
+    let services: Vec<&Value> = helm
+        .iter()
+        .filter(|o| o["kind"] == "Service" && o["metadata"]["name"] == PEERS_SERVICE)
+        .collect();
+    let deployment = helm
+        .iter()
+        .find(|o| {
+            o["kind"] == "Deployment" && o["metadata"]["name"] == "kinference-policy-controller"
+        })
+        .unwrap_or_else(|| panic!("{case}: no controller Deployment"));
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let env: Vec<&Value> = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "KINFERENCE_ROLLOUT_PEERS")
+        .collect();
+    if replicas <= 1 {
+        assert!(
+            services.is_empty(),
+            "{case}: one replica has no peers: {services:?}"
+        );
+        assert!(env.is_empty(), "{case}: one replica has no peers: {env:?}");
+        return;
+    }
+    assert_eq!(services.len(), 1, "{case}: one peers Service");
+    let spec = &services[0]["spec"];
+    assert_eq!(
+        spec["clusterIP"], "None",
+        "{case}: the peers Service is headless"
+    );
+    assert_eq!(spec["publishNotReadyAddresses"], true, "{case}");
+    assert_eq!(
+        spec["selector"],
+        serde_json::json!({"kinference.io/control-plane-component": "policy-controller",
+                           "kinference.io/control-plane-ns": ns}),
+        "{case}: the peers Service selects the controller's pods"
+    );
+    assert_eq!(
+        spec["ports"],
+        serde_json::json!([{"name": "admin", "port": 9990, "targetPort": "admin",
+                            "protocol": "TCP"}]),
+        "{case}: the peers Service exposes the admin port"
+    );
+    assert!(
+        container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "admin" && p["containerPort"] == 9990),
+        "{case}: the controller's admin port is 9990"
+    );
+    assert_eq!(
+        env,
+        [&serde_json::json!({
+            "name": "KINFERENCE_ROLLOUT_PEERS",
+            "value": format!("{PEERS_SERVICE}.{ns}.svc.cluster.local:9990"),
+        })],
+        "{case}: the replicas fetch each other's windows"
+    );
+}
+
 /// The controller's NetworkPolicy as Helm rendered it: ingress only, gRPC from pods the injector
 /// labels, the webhooks from the API server's CIDRs (anywhere by default), the admin port from
-/// monitoring; none when the values turn it off.
-fn network_policy(case: &str, ns: &str, helm: &[Value]) {
+/// monitoring and, with more than one replica, from the controller's own pods (the rollout
+/// peers); none when the values turn it off.
+fn network_policy(case: &str, ns: &str, replicas: u64, helm: &[Value]) {
     let found: Vec<&Value> = helm
         .iter()
         .filter(|o| o["kind"] == "NetworkPolicy")
@@ -191,7 +269,12 @@ fn network_policy(case: &str, ns: &str, helm: &[Value]) {
     assert_eq!(spec["policyTypes"], serde_json::json!(["Ingress"]));
     let rules = spec["ingress"].as_array().unwrap();
     let ports: Vec<&Value> = rules.iter().map(|r| &r["ports"][0]["port"]).collect();
-    assert_eq!(ports, ["grpc", "webhook", "admin"], "{case}");
+    let peers = replicas > 1;
+    if peers {
+        assert_eq!(ports, ["grpc", "webhook", "admin", "admin"], "{case}");
+    } else {
+        assert_eq!(ports, ["grpc", "webhook", "admin"], "{case}");
+    }
     assert_eq!(
         rules[0]["from"],
         serde_json::json!([{"namespaceSelector": {},
@@ -212,6 +295,20 @@ fn network_policy(case: &str, ns: &str, helm: &[Value]) {
         !rules[2]["from"].as_array().unwrap().is_empty(),
         "{case}: metrics from monitoring only"
     );
+    if peers {
+        let own_pods = serde_json::json!([{"podSelector": {"matchLabels": {
+            "kinference.io/control-plane-component": "policy-controller",
+            "kinference.io/control-plane-ns": ns,
+        }}}]);
+        assert_eq!(
+            rules[3]["from"], own_pods,
+            "{case}: the admin port from the controller's own pods (rollout peers)"
+        );
+        assert_eq!(
+            rules[3]["from"][0]["podSelector"], spec["podSelector"],
+            "{case}: the peers are the pods the policy guards"
+        );
+    }
 }
 
 #[test]
@@ -232,6 +329,7 @@ fn install_prints_what_helm_renders() {
         "control-plane-default",
         "control-plane-overrides",
         "control-plane-no-network-policy",
+        "control-plane-one-replica",
     ] {
         assert!(
             names.contains(&want),
@@ -239,6 +337,7 @@ fn install_prints_what_helm_renders() {
         );
     }
 
+    let mut replica_counts = Vec::new();
     for case in &cases {
         let name = case["name"].as_str().unwrap();
         let args: Vec<String> = serde_json::from_value(case["kinfctl"].clone()).unwrap();
@@ -259,7 +358,11 @@ fn install_prints_what_helm_renders() {
         }
 
         if case["chart"] == "kinference" {
-            network_policy(name, case["namespace"].as_str().unwrap(), &helm);
+            let ns = case["namespace"].as_str().unwrap();
+            let replicas = controller_replicas(name, &helm);
+            replica_counts.push((name, replicas));
+            network_policy(name, ns, replicas, &helm);
+            rollout_peers(name, ns, replicas, &helm);
         }
         let helm: BTreeMap<String, Value> = helm.into_iter().map(|o| (key(&o), o)).collect();
         let ours: BTreeMap<String, Value> = ours.into_iter().map(|o| (key(&o), o)).collect();
@@ -279,6 +382,16 @@ fn install_prints_what_helm_renders() {
             );
         }
         eprintln!("{name}: {} objects equal", helm.len());
+    }
+    // Both sides of the peers gate were compared: the default's 2 replicas and one alone.
+    for (want, replicas) in [
+        ("control-plane-default", 2),
+        ("control-plane-one-replica", 1),
+    ] {
+        assert!(
+            replica_counts.contains(&(want, replicas)),
+            "{want}: not {replicas} replicas: {replica_counts:?}"
+        );
     }
 }
 

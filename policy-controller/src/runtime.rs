@@ -121,6 +121,12 @@ pub struct Args {
     #[arg(long, default_value_t = 50)]
     pub signals_interval_ms: u64,
 
+    /// How often the signal service reads each endpoint's `GET /load`, in milliseconds: apart from
+    /// the metrics and more often, because it is one counter, cheap for the engine to serve, and
+    /// the first signal to show a new request (docs/signals.md, "Freshness").
+    #[arg(long, default_value_t = 10)]
+    pub signals_load_interval_ms: u64,
+
     /// How old a sidecar's copy of an unchanged reading may grow before the signal service sends
     /// it again, in milliseconds (the router's freshness budget is 500 ms).
     #[arg(long, default_value_t = 100)]
@@ -432,6 +438,7 @@ async fn spawn_signals(
         kinference_policy_signals::HttpProbe::new(Duration::from_millis(args.signals_timeout_ms)),
         kinference_policy_signals::HubConfig {
             interval: Duration::from_millis(args.signals_interval_ms.max(1)),
+            load_interval: Duration::from_millis(args.signals_load_interval_ms.max(1)),
             refresh: Duration::from_millis(args.signals_refresh_ms),
         },
         metrics.signals.clone(),

@@ -71,9 +71,30 @@ struct State {
     notices: Option<tokio::sync::mpsc::Sender<OwnNotice>>,
 }
 
-/// One of this proxy's own notices, for the signal service: the endpoint, the notice, and when
-/// it was taken (a completion carries no time of its own).
-pub type OwnNotice = (EndpointId, Notice, Time);
+/// One of this proxy's own notices, for the signal service.
+#[derive(Clone, Debug)]
+pub struct OwnNotice {
+    pub endpoint: EndpointId,
+    pub notice: Notice,
+    /// When it was taken (a completion carries no time of its own).
+    pub at: Time,
+    /// A dispatch's prompt, as this router's prefix index cut it.
+    pub prompt: Option<NoticePrompt>,
+}
+
+/// The leading chunks of a dispatched prompt (at most [`NOTICE_PROMPT_CHUNKS`]) and how they were
+/// cut, so that a receiver that cuts prompts the same way counts them as pending prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoticePrompt {
+    pub chunks: Arc<[kinference_routing::prefix::BlockHash]>,
+    pub chunk_tokens: u32,
+    pub chunk_chars: u32,
+}
+
+/// The most prompt chunks one dispatch notice carries (8,192 tokens at vLLM's 16-token blocks):
+/// the shared prefixes that matter are system prompts and conversations, and every watcher of
+/// the pool receives every notice (docs/benchmarks/signals-sizing.md).
+pub const NOTICE_PROMPT_CHUNKS: usize = 512;
 
 /// What the endpoints view shows of one endpoint beyond the router's own accessors.
 #[derive(Clone, Debug, Default)]
@@ -120,6 +141,28 @@ impl RouterHandle {
     /// this proxy's policy first).
     pub fn observe_notice(&self, id: &EndpointId, notice: Notice) {
         let _ = self.inner.lock().router.observe_notice(id, notice);
+    }
+
+    /// Records the prompt of another proxy's request `request_id` on `id`, noticed at dispatch,
+    /// as pending prefix (`kinference_routing::Router::observe_notice_prompt`), when its sender
+    /// cut the prompt into chunks as this router does; whether it was recorded.
+    pub fn observe_notice_prompt(
+        &self,
+        id: &EndpointId,
+        request_id: u64,
+        prompt: &NoticePrompt,
+    ) -> bool {
+        let mut st = self.inner.lock();
+        let approx = st.router.config().approx;
+        let same_cut = prompt.chunk_tokens == approx.block_size_tokens
+            && usize::try_from(prompt.chunk_chars).ok() == Some(approx.block_size_chars());
+        if !same_cut {
+            return false;
+        }
+        let blocks = PromptBlocks::from_hashes(prompt.chunks.to_vec(), prompt.chunk_tokens);
+        st.router
+            .observe_notice_prompt(id, request_id, &blocks)
+            .unwrap_or(false)
     }
 
     /// The current time on the router's clock.
@@ -242,13 +285,21 @@ impl RouterHandle {
             st.router.dispatch(&d, blocks, now).ok()
         }?;
         if let (Some(tap), Some(c)) = (&st.notices, decision.candidates.get(index)) {
-            let notice = Notice::predicted(
-                handle.request_id(),
-                now,
-                &c.prediction,
-                &st.router.config().predict,
-            );
-            let _ = tap.try_send((c.endpoint.clone(), notice, now));
+            let config = st.router.config();
+            let notice =
+                Notice::predicted(handle.request_id(), now, &c.prediction, &config.predict);
+            let hashes = blocks.hashes();
+            let prompt = (!hashes.is_empty()).then(|| NoticePrompt {
+                chunks: Arc::from(&hashes[..hashes.len().min(NOTICE_PROMPT_CHUNKS)]),
+                chunk_tokens: config.approx.block_size_tokens,
+                chunk_chars: u32::try_from(config.approx.block_size_chars()).unwrap_or(u32::MAX),
+            });
+            let _ = tap.try_send(OwnNotice {
+                endpoint: c.endpoint.clone(),
+                notice,
+                at: now,
+                prompt,
+            });
         }
         Some(handle)
     }
@@ -278,7 +329,12 @@ impl RouterHandle {
                 id: handle.request_id(),
                 at,
             };
-            let _ = tap.try_send((endpoint, notice, at));
+            let _ = tap.try_send(OwnNotice {
+                endpoint,
+                notice,
+                at,
+                prompt: None,
+            });
         }
         Some(ttft)
     }
@@ -359,7 +415,12 @@ impl RouterHandle {
             let notice = Notice::Complete {
                 id: handle.request_id(),
             };
-            let _ = tap.try_send((endpoint, notice, now));
+            let _ = tap.try_send(OwnNotice {
+                endpoint,
+                notice,
+                at: now,
+                prompt: None,
+            });
         }
     }
 
@@ -475,7 +536,7 @@ mod tests {
     /// the same endpoint: up while the request queues, back once its prefill is done.
     #[tokio::test(start_paused = true)]
     async fn own_notices_are_tapped_and_move_another_proxys_prediction() {
-        use crate::signals::service::{notice_of, wire_notice};
+        use crate::signals::service::{apply_notice, wire_notice};
         let (a, id, policy) = one_endpoint();
         let (b, _, _) = one_endpoint();
         let (tap, mut rx) = tokio::sync::mpsc::channel(16);
@@ -501,10 +562,10 @@ mod tests {
         };
         let addr: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
         let relay = |rx: &mut tokio::sync::mpsc::Receiver<OwnNotice>| {
-            let (endpoint, notice, at) = rx.try_recv().expect("a tapped notice");
-            assert_eq!(endpoint, id);
-            let wire = wire_notice(&notice, "a", "p", addr, a.now().saturating_since(at));
-            b.observe_notice(&id, notice_of(&wire, b.now()).unwrap());
+            let own = rx.try_recv().expect("a tapped notice");
+            assert_eq!(own.endpoint, id);
+            let wire = wire_notice(&own, "a", "p", addr, a.now().saturating_since(own.at));
+            assert!(apply_notice(&b, &id, &wire, b.now()));
         };
         let idle = predicted(&b);
         tokio::time::advance(Duration::from_millis(1)).await;
@@ -520,6 +581,77 @@ mod tests {
         assert!(rx.try_recv().is_err(), "three notices, no more");
         let after = predicted(&b);
         assert!(after < queued, "{after} against {queued}");
+    }
+
+    /// A dispatch notice carries its prompt's chunks (`NoticePrompt`); a receiver that cuts
+    /// prompts the same way counts them as prefix the endpoint is about to compute, so a prompt
+    /// sharing it is predicted sooner there than at a receiver told of the dispatch alone, or at
+    /// one whose prefix index cuts prompts otherwise.
+    #[tokio::test(start_paused = true)]
+    async fn a_dispatch_notice_carries_its_prompt_as_pending_prefix() {
+        use crate::signals::service::{apply_notice, wire_notice};
+        let (a, id, policy) = one_endpoint();
+        let (tap, mut rx) = tokio::sync::mpsc::channel(16);
+        a.tap_notices(tap);
+        let text: Vec<u8> = (0..64 * 120).map(|i| b'a' + (i % 26) as u8).collect();
+        let predicted = |r: &RouterHandle, prompt: &[u8]| {
+            let blocks = PromptBlocks::from_text(prompt, &Default::default());
+            let (tags, workload) = (kinference_classify::Tags::new(), Default::default());
+            let input = Input {
+                requested: "glm-5.3",
+                tags: &tags,
+                workload: &workload,
+                prompt_tokens: 2_000,
+                max_tokens: None,
+                prompt_blocks: &blocks,
+                block_hasher: None,
+                max_attempts: 3,
+            };
+            let candidates = policy.candidates("glm-5.3", &tags, &workload).unwrap();
+            let plan = r.decide(&policy, candidates, &input);
+            (plan, blocks)
+        };
+        let (plan, blocks) = predicted(&a, &text);
+        a.dispatch(&plan.decision, plan.order[0], &blocks).unwrap();
+        let own = rx.try_recv().expect("the dispatch is tapped");
+        let prompt = own.prompt.clone().expect("with its prompt");
+        assert_eq!(prompt.chunks.len(), 120);
+        assert_eq!((prompt.chunk_tokens, prompt.chunk_chars), (16, 64));
+        let addr: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let wire = wire_notice(&own, "a", "p", addr, Duration::ZERO);
+        let bare = {
+            let mut w = wire.clone();
+            if let Some(kinference_proxy_api::signals::notice::Event::Dispatch(d)) = &mut w.event {
+                d.prompt_chunks.clear();
+            }
+            w
+        };
+        let other_cut = {
+            let mut w = wire.clone();
+            if let Some(kinference_proxy_api::signals::notice::Event::Dispatch(d)) = &mut w.event {
+                d.prompt_chunk_chars = 48;
+            }
+            w
+        };
+        let ttft = |wire: &kinference_proxy_api::signals::Notice| {
+            let (b, _, _) = one_endpoint();
+            assert!(apply_notice(&b, &id, wire, b.now()));
+            // The engine queues (a prompt sent ahead is prefilled before the next is admitted).
+            let queueing = Scrape {
+                num_requests_waiting: Some(1),
+                num_requests_running: Some(1),
+                kv_cache_usage: Some(0.1),
+                ..Scrape::default()
+            };
+            b.observe_scrape(&id, &queueing, b.now());
+            predicted(&b, &text).0.decision.predicted_ttft_s().unwrap()
+        };
+        let (with_prompt, without, mismatched) = (ttft(&wire), ttft(&bare), ttft(&other_cut));
+        assert!(
+            with_prompt < without,
+            "{with_prompt} s with the prompt's chunks, {without} s without"
+        );
+        assert_eq!(mismatched, without, "chunks cut otherwise are not used");
     }
 
     #[tokio::test(start_paused = true)]

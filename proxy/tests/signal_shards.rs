@@ -33,8 +33,11 @@ use std::{net::SocketAddr, path::Path, time::Duration};
 use tokio::time::Instant;
 
 const PROXY: &str = env!("CARGO_BIN_EXE_kinference-proxy");
-/// The controller shards read each engine this often (`--signals-interval-ms`, the default).
+/// The controller shards read each engine's metrics this often (`--signals-interval-ms`, the
+/// default).
 const SERVICE_MS: u64 = 50;
+/// And its `GET /load` this often (`--signals-load-interval-ms`, the default).
+const SERVICE_LOAD_MS: u64 = 10;
 /// The proxies' reads while their pool's shard is down (`--signals-fallback-interval-ms`).
 const FALLBACK_MS: u64 = 200;
 /// How long a stream may be silent (`--signals-stale-ms`, the default).
@@ -266,7 +269,7 @@ async fn each_pool_is_read_by_its_own_shard_and_a_lost_shard_costs_only_its_pool
     let n = mesh_size();
     let (stack, mut a, b) = start().await;
     let http = reqwest::Client::new();
-    let service_nominal = 2.0 * 1000.0 / SERVICE_MS as f64;
+    let service_nominal = 1000.0 / SERVICE_MS as f64 + 1000.0 / SERVICE_LOAD_MS as f64;
     let both_service = [(GLM.0, "service"), (QWEN.0, "service")];
 
     let mesh = spawn_mesh(&stack, n, &[]).await;

@@ -28,6 +28,25 @@ kinference.io/control-plane-component: policy-controller
 kinference-policy-controller
 {{- end }}
 
+{{/*
+Whether the controller replicas judge rollouts together (docs/rollout.md, "Several replicas"): with
+more than one, each holds only its own proxies' reports, so each fetches the others' window sums
+through the headless Service `kinference.controller.peersName`. "true" or empty.
+*/}}
+{{- define "kinference.controller.peers" -}}
+{{- if gt (int .Values.controller.replicas) 1 }}true{{ end -}}
+{{- end }}
+
+{{/* The controller's headless Service, one address per replica: its rollout peers. */}}
+{{- define "kinference.controller.peersName" -}}
+{{ printf "%s-peers" (include "kinference.controller.name" .) }}
+{{- end }}
+
+{{/* The replicas' admin port behind that Service, as `--rollout-peers` (KINFERENCE_ROLLOUT_PEERS) takes it. */}}
+{{- define "kinference.controller.peersAddr" -}}
+{{ printf "%s.%s.svc.%s:9990" (include "kinference.controller.peersName" .) .Release.Namespace .Values.clusterDomain }}
+{{- end }}
+
 {{/* Cluster-scoped objects carry the namespace, so that their names say which install owns them. */}}
 {{- define "kinference.clusterName" -}}
 {{ printf "kinference-%s-%s" .root.Release.Namespace .component }}

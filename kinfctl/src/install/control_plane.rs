@@ -39,6 +39,8 @@ use super::{Error, tls, to_yaml, values::ControlPlane};
 
 /// The controller's Deployment, Service, ServiceAccount and PodDisruptionBudget.
 const CONTROLLER: &str = "kinference-policy-controller";
+/// The controller's headless Service, one address per replica: its rollout peers.
+const PEERS: &str = "kinference-policy-controller-peers";
 /// The ConfigMap of proxy defaults the injector reads.
 const PROXY_CONFIG: &str = "kinference-proxy-config";
 const GRPC_PORT: i32 = 8090;
@@ -61,9 +63,14 @@ pub fn manifests(ns: &str, v: &ControlPlane) -> Result<Vec<String>, Error> {
         to_yaml("Secret", &c.tls_secret(&tls))?,
         to_yaml("ConfigMap", &c.proxy_config())?,
         to_yaml("Service", &c.service())?,
+    ];
+    if c.peers() {
+        objects.push(to_yaml("Service", &c.peers_service())?);
+    }
+    objects.extend([
         to_yaml("Deployment", &c.deployment())?,
         to_yaml("PodDisruptionBudget", &c.pod_disruption_budget())?,
-    ];
+    ]);
     if v.network_policy.enabled {
         objects.push(to_yaml("NetworkPolicy", &c.network_policy())?);
     }
@@ -296,6 +303,22 @@ impl Context<'_> {
         )
     }
 
+    /// Whether the replicas judge rollouts together, as the chart's `kinference.controller.peers`:
+    /// with more than one, each fetches the others' window sums (docs/rollout.md, "Several
+    /// replicas").
+    fn peers(&self) -> bool {
+        self.v.controller.replicas > 1
+    }
+
+    /// The replicas' admin port behind the peers Service, as `KINFERENCE_ROLLOUT_PEERS` takes it
+    /// (the chart's `kinference.controller.peersAddr`).
+    fn peers_addr(&self) -> String {
+        format!(
+            "{PEERS}.{}.svc.{}:{ADMIN_PORT}",
+            self.ns, self.v.cluster_domain
+        )
+    }
+
     /// The engine-signals service's address, as the chart's `kinference.signalsAddr`.
     fn signals_addr(&self) -> String {
         format!(
@@ -374,6 +397,28 @@ impl Context<'_> {
         }
     }
 
+    /// `templates/peers-service.yaml`: headless, every replica's admin port, not-ready and
+    /// terminating replicas included (they still hold their proxies' reports).
+    fn peers_service(&self) -> Service {
+        Service {
+            metadata: self.controller_meta(PEERS),
+            spec: Some(ServiceSpec {
+                cluster_ip: Some("None".into()),
+                publish_not_ready_addresses: Some(true),
+                selector: Some(self.selector_labels()),
+                ports: Some(vec![ServicePort {
+                    name: Some("admin".into()),
+                    port: ADMIN_PORT,
+                    target_port: Some(IntOrString::String("admin".into())),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
     fn deployment(&self) -> Deployment {
         let c = &self.v.controller;
         let field_env = |name: &str, path: &str| EnvVar {
@@ -434,15 +479,25 @@ impl Context<'_> {
                 }
                 args
             }),
-            env: Some(vec![
-                EnvVar {
-                    name: "RUST_LOG".into(),
-                    value: Some(c.log_level.clone()),
-                    ..Default::default()
-                },
-                field_env("POD_NAME", "metadata.name"),
-                field_env("POD_NAMESPACE", "metadata.namespace"),
-            ]),
+            env: Some(
+                [
+                    Some(EnvVar {
+                        name: "RUST_LOG".into(),
+                        value: Some(c.log_level.clone()),
+                        ..Default::default()
+                    }),
+                    Some(field_env("POD_NAME", "metadata.name")),
+                    Some(field_env("POD_NAMESPACE", "metadata.namespace")),
+                    self.peers().then(|| EnvVar {
+                        name: "KINFERENCE_ROLLOUT_PEERS".into(),
+                        value: Some(self.peers_addr()),
+                        ..Default::default()
+                    }),
+                ]
+                .into_iter()
+                .flatten()
+                .collect(),
+            ),
             ports: Some(
                 [
                     Some(container_port("grpc", GRPC_PORT)),
@@ -560,7 +615,8 @@ impl Context<'_> {
     }
 
     /// `templates/networkpolicy.yaml`: gRPC from injected pods, the webhooks from the API server,
-    /// the admin port from monitoring.
+    /// the admin port from monitoring and, with more than one replica, from the controller's own
+    /// pods (their rollout window sums).
     fn network_policy(&self) -> NetworkPolicy {
         let np = &self.v.network_policy;
         let named = |name: &str| NetworkPolicyPort {
@@ -598,20 +654,32 @@ impl Context<'_> {
             spec: Some(NetworkPolicySpec {
                 pod_selector: Some(self.selector()),
                 policy_types: Some(strings(&["Ingress"])),
-                ingress: Some(vec![
-                    NetworkPolicyIngressRule {
-                        from: Some(vec![meshed]),
-                        ports: Some(meshed_ports),
-                    },
-                    NetworkPolicyIngressRule {
-                        from: api_server,
-                        ports: port("webhook"),
-                    },
-                    NetworkPolicyIngressRule {
-                        from: Some(np.metrics_from.clone()),
-                        ports: port("admin"),
-                    },
-                ]),
+                ingress: Some(
+                    [
+                        Some(NetworkPolicyIngressRule {
+                            from: Some(vec![meshed]),
+                            ports: Some(meshed_ports),
+                        }),
+                        Some(NetworkPolicyIngressRule {
+                            from: api_server,
+                            ports: port("webhook"),
+                        }),
+                        Some(NetworkPolicyIngressRule {
+                            from: Some(np.metrics_from.clone()),
+                            ports: port("admin"),
+                        }),
+                        self.peers().then(|| NetworkPolicyIngressRule {
+                            from: Some(vec![NetworkPolicyPeer {
+                                pod_selector: Some(self.selector()),
+                                ..Default::default()
+                            }]),
+                            ports: port("admin"),
+                        }),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .collect(),
+                ),
                 ..Default::default()
             }),
         }
@@ -760,6 +828,46 @@ mod tests {
             FailurePolicy::Fail.as_str(),
             v.webhook.failure_policy.as_str()
         );
+    }
+
+    #[test]
+    fn replicas_above_one_are_rollout_peers() {
+        let v = ctx_values();
+        let c = Context { ns: "kinf", v: &v };
+        assert!(c.peers(), "the default 2 replicas");
+        let service = c.peers_service();
+        let spec = service.spec.unwrap();
+        assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+        assert_eq!(spec.ports.unwrap()[0].port, ADMIN_PORT);
+        let env = c
+            .deployment()
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .containers[0]
+            .env
+            .clone()
+            .unwrap();
+        let peers = env.iter().find(|e| e.name == "KINFERENCE_ROLLOUT_PEERS");
+        assert_eq!(
+            peers.and_then(|e| e.value.as_deref()),
+            Some("kinference-policy-controller-peers.kinf.svc.cluster.local:9990")
+        );
+        assert_eq!(c.network_policy().spec.unwrap().ingress.unwrap().len(), 4);
+        let docs = manifests("kinf", &v).unwrap();
+        assert!(
+            docs.iter()
+                .any(|d| d.contains("name: kinference-policy-controller-peers"))
+        );
+
+        let v = values::control_plane(&["controller.replicas=1".into()]).unwrap();
+        let c = Context { ns: "kinf", v: &v };
+        assert!(!c.peers());
+        let docs = manifests("kinf", &v).unwrap();
+        assert!(!docs.iter().any(|d| d.contains("peers")), "{docs:?}");
+        assert_eq!(c.network_policy().spec.unwrap().ingress.unwrap().len(), 3);
     }
 
     #[test]

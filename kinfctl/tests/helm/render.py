@@ -60,6 +60,9 @@ CASES = [
      ["networkPolicy.enabled=false"], ["--namespace", "kinference"]),
     ("control-plane-signals", "kinference", "kinference",
      ["signals.enabled=true,signals.port=8093"], ["--namespace", "kinference"]),
+    # One replica judges rollouts alone: no peers Service, env or NetworkPolicy rule.
+    ("control-plane-one-replica", "kinference", "kinference",
+     ["controller.replicas=1"], ["--namespace", "kinference"]),
     ("viz-default", "kinference-viz", "kinference", [], None),
 ]
 

@@ -48,6 +48,7 @@ struct Args {
     notice_rate: f64,
     seconds: f64,
     interval_ms: u64,
+    load_interval_ms: u64,
     refresh_ms: u64,
 }
 
@@ -60,6 +61,7 @@ fn parse_args() -> Args {
         notice_rate: 10.0,
         seconds: 10.0,
         interval_ms: 50,
+        load_interval_ms: 10,
         refresh_ms: 100,
     };
     let mut it = std::env::args().skip(1);
@@ -76,6 +78,7 @@ fn parse_args() -> Args {
             "--seconds" => a.seconds = number(&flag, &value),
             "--interval-ms" => a.interval_ms = number(&flag, &value),
             "--refresh-ms" => a.refresh_ms = number(&flag, &value),
+            "--load-interval-ms" => a.load_interval_ms = number(&flag, &value),
             _ => usage(&format!("unknown flag {flag}")),
         }
     }
@@ -186,7 +189,7 @@ fn synthetic_reading(addr: SocketAddr, n: u64) -> api::EndpointReading {
             prompt_tokens: Some(150_000_000 + n * 3_100),
         }),
         generation_tokens: Some(micros_since_epoch()),
-        server_load: Some(u32::try_from(10 + n % 60).unwrap_or(0)),
+        server_load: None,
         failures: 0,
         read_seq: 0,
     }
@@ -196,17 +199,19 @@ fn synthetic_reading(addr: SocketAddr, n: u64) -> api::EndpointReading {
 #[derive(Clone, Debug, Default)]
 struct SyntheticProbe {
     reads: Arc<AtomicU64>,
+    loads: Arc<AtomicU64>,
 }
 
 impl Probe for SyntheticProbe {
-    async fn read(
-        &self,
-        addr: SocketAddr,
-        _: Engine,
-        load: bool,
-    ) -> (Result<api::EndpointReading, ProbeError>, bool) {
+    async fn read(&self, addr: SocketAddr, _: Engine) -> Result<api::EndpointReading, ProbeError> {
         let n = self.reads.fetch_add(1, Ordering::Relaxed);
-        (Ok(synthetic_reading(addr, n)), load)
+        Ok(synthetic_reading(addr, n))
+    }
+
+    async fn load(&self, _: SocketAddr) -> Result<Option<u32>, ProbeError> {
+        let n = self.loads.fetch_add(1, Ordering::Relaxed);
+        // A load that changes every few reads, as a busy engine's does.
+        Ok(Some((n / 4 % 8) as u32))
     }
 }
 
@@ -224,6 +229,12 @@ fn synthetic_notice(sender: &str, request_id: u64, addr: SocketAddr) -> api::Not
                 teaches_rate: true,
                 prefill_expected_after_us: 118_000,
             }),
+            // The prompt's 187 chunks of 16 tokens, as the sender's prefix index cut them.
+            prompt_chunks: (0..187)
+                .map(|i| 0x9e37_79b9_7f4a_7c15 ^ (request_id << 8 | i))
+                .collect(),
+            prompt_chunk_tokens: 16,
+            prompt_chunk_chars: 64,
         }),
         1 => api::notice::Event::FirstToken(api::FirstToken {}),
         _ => api::notice::Event::Complete(api::Complete {}),
@@ -251,6 +262,7 @@ struct Tally {
     messages: u64,
     bytes: u64,
     readings: u64,
+    loads: u64,
     notices: u64,
     notices_lost: u64,
     delay_ms: Vec<u64>,
@@ -261,6 +273,7 @@ impl Tally {
         self.messages += o.messages;
         self.bytes += o.bytes;
         self.readings += o.readings;
+        self.loads += o.loads;
         self.notices += o.notices;
         self.notices_lost += o.notices_lost;
         if self.delay_ms.len() < o.delay_ms.len() {
@@ -326,6 +339,7 @@ async fn watcher(
         t.messages += 1;
         t.bytes += msg.encoded_len() as u64;
         t.readings += msg.readings.len() as u64;
+        t.loads += msg.loads.len() as u64;
         t.notices += msg.notices.len() as u64;
         t.notices_lost += msg.notices_lost;
         for r in &msg.readings {
@@ -436,6 +450,7 @@ async fn run(args: Args) {
         probe.clone(),
         HubConfig {
             interval: Duration::from_millis(args.interval_ms),
+            load_interval: Duration::from_millis(args.load_interval_ms.max(1)),
             refresh: Duration::from_millis(args.refresh_ms),
         },
         SignalsMetrics::default(),
@@ -497,6 +512,7 @@ async fn run(args: Args) {
 
     let rss_warm = status_kib("VmRSS");
     let reads0 = probe.reads.load(Ordering::Relaxed);
+    let loads0 = probe.loads.load(Ordering::Relaxed);
     let cpu0 = cpu_seconds();
     let t0 = Instant::now();
     phase.store(MEASURING, Ordering::Relaxed);
@@ -505,6 +521,7 @@ async fn run(args: Args) {
     let wall = t0.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
     let reads = probe.reads.load(Ordering::Relaxed) - reads0;
+    let load_reads = probe.loads.load(Ordering::Relaxed) - loads0;
     let rss_end = status_kib("VmRSS");
     let hwm = status_kib("VmHWM");
     let notices_sent = sent.load(Ordering::Relaxed);
@@ -523,7 +540,7 @@ async fn run(args: Args) {
     let w = args.watchers.max(1) as f64;
     let per = |x: u64| x as f64 / w / wall;
     println!(
-        "E={} W={} C={} N={} R={} T={:.1}s interval={}ms refresh={}ms",
+        "E={} W={} C={} N={} R={} T={:.1}s interval={}ms load-interval={}ms refresh={}ms",
         args.endpoints,
         args.watchers,
         args.connections,
@@ -531,21 +548,25 @@ async fn run(args: Args) {
         args.notice_rate,
         wall,
         args.interval_ms,
+        args.load_interval_ms,
         args.refresh_ms
     );
     println!(
-        "reads/s {:.0} (model {:.0}); notices sent/s {:.0}",
+        "reads/s {:.0} (model {:.0}), load reads/s {:.0} (model {:.0}); notices sent/s {:.0}",
         reads as f64 / wall,
         args.endpoints as f64 * 1_000.0 / args.interval_ms as f64,
+        load_reads as f64 / wall,
+        args.endpoints as f64 * 1_000.0 / args.load_interval_ms.max(1) as f64,
         notices_sent as f64 / wall
     );
     println!(
-        "per watcher: messages/s {:.1} (min {:.1}, max {:.1}), readings/s {:.0}, readings/message \
+        "per watcher: messages/s {:.1} (min {:.1}, max {:.1}), readings/s {:.0}, loads/s {:.0}, readings/message \
          {:.1}, notices/s {:.0}, notices lost/s {:.0}, bytes/s {:.0} ({:.1} KiB/s)",
         per(total.messages),
         per_watcher_msgs.first().copied().unwrap_or(0) as f64 / wall,
         per_watcher_msgs.last().copied().unwrap_or(0) as f64 / wall,
         per(total.readings),
+        per(total.loads),
         total.readings as f64 / total.messages.max(1) as f64,
         per(total.notices),
         per(total.notices_lost),

@@ -23,16 +23,37 @@ pub struct Entry {
     pub at: Instant,
 }
 
+/// One endpoint's last successful `GET /load`.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct LoadEntry {
+    pub value: u32,
+    /// When the read was sent.
+    pub at: Instant,
+}
+
 /// A pool's readings, by endpoint address (`ip:port`). Endpoints not read yet are absent.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PoolState {
     pub endpoints: BTreeMap<String, Entry>,
+    /// `GET /load`, read apart from the metrics and more often.
+    pub loads: BTreeMap<String, LoadEntry>,
 }
 
-/// What one stream has sent: each endpoint's values and the scrape time of that copy.
+/// What one stream has sent: each endpoint's values and the read time of that copy.
 #[derive(Clone, Debug, Default)]
 pub struct Sent {
     held: HashMap<String, (api::EndpointReading, Instant)>,
+    loads: HashMap<String, LoadEntry>,
+}
+
+/// Whether a held copy read at `held_at` is to be sent again: its value changed, or a newer read
+/// of the same value exists and the copy is older than `refresh`.
+fn due(changed: bool, held_at: Instant, at: Instant, now: Instant, refresh: Duration) -> bool {
+    changed || (at > held_at && now.saturating_duration_since(held_at) >= refresh)
+}
+
+fn age_ms(now: Instant, at: Instant) -> u64 {
+    u64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The next message of a stream that has sent `sent` (`None`: nothing yet), or `None` when there
@@ -47,21 +68,35 @@ pub fn next(
     let held = sent.get_or_insert_with(Sent::default);
     let mut readings = Vec::new();
     for (addr, e) in &state.endpoints {
-        let due = match held.held.get(addr) {
+        let send = match held.held.get(addr) {
             None => true,
-            Some((values, at)) => {
-                *values != e.values || (e.at > *at && now.saturating_duration_since(*at) >= refresh)
-            }
+            Some((values, at)) => due(*values != e.values, *at, e.at, now, refresh),
         };
-        if !due {
+        if !send {
             continue;
         }
         let mut r = e.values.clone();
-        r.age_ms =
-            u64::try_from(now.saturating_duration_since(e.at).as_millis()).unwrap_or(u64::MAX);
+        r.age_ms = age_ms(now, e.at);
         readings.push(r);
         held.held.insert(addr.clone(), (e.values.clone(), e.at));
     }
+    let mut loads = Vec::new();
+    for (addr, l) in &state.loads {
+        let send = match held.loads.get(addr) {
+            None => true,
+            Some(h) => due(h.value != l.value, h.at, l.at, now, refresh),
+        };
+        if !send {
+            continue;
+        }
+        loads.push(api::LoadReading {
+            addr: addr.clone(),
+            age_ms: age_ms(now, l.at),
+            server_load: l.value,
+        });
+        held.loads.insert(addr.clone(), *l);
+    }
+    held.loads.retain(|a, _| state.loads.contains_key(a));
     let mut removed: Vec<String> = held
         .held
         .keys()
@@ -72,7 +107,7 @@ pub fn next(
     for a in &removed {
         held.held.remove(a);
     }
-    if !full && readings.is_empty() && removed.is_empty() {
+    if !full && readings.is_empty() && loads.is_empty() && removed.is_empty() {
         return None;
     }
     Some(api::SignalsUpdate {
@@ -80,6 +115,7 @@ pub fn next(
         full,
         readings,
         removed,
+        loads,
         ..Default::default()
     })
 }
@@ -110,6 +146,7 @@ mod tests {
                     )
                 })
                 .collect(),
+            loads: BTreeMap::new(),
         }
     }
 
@@ -190,6 +227,85 @@ mod tests {
             next(&mut sent, &state(&[("a:1", 1, t0)]), late, REFRESH),
             None
         );
+    }
+
+    /// Loads travel apart from the readings, by the same rules: all in the snapshot, then only
+    /// the changed ones, an unchanged one again once its copy is older than the refresh interval,
+    /// each with its own age; a load alone makes a message.
+    #[tokio::test(start_paused = true)]
+    async fn loads_are_sent_when_they_change_with_their_own_ages() {
+        let t0 = Instant::now();
+        let with_loads = |loads: &[(&str, u32, Instant)]| {
+            let mut s = state(&[("a:1", 1, t0)]);
+            s.loads = loads
+                .iter()
+                .map(|(a, value, at)| {
+                    (
+                        a.to_string(),
+                        LoadEntry {
+                            value: *value,
+                            at: *at,
+                        },
+                    )
+                })
+                .collect();
+            s
+        };
+        let load = |addr: &str, server_load, age_ms| api::LoadReading {
+            addr: addr.into(),
+            age_ms,
+            server_load,
+        };
+        let mut sent = None;
+        let ms = |n| Duration::from_millis(n);
+        let first = next(
+            &mut sent,
+            &with_loads(&[("a:1", 0, t0)]),
+            t0 + ms(3),
+            REFRESH,
+        )
+        .unwrap();
+        assert!(first.full);
+        assert_eq!(first.loads, vec![load("a:1", 0, 3)]);
+        // Read again unchanged 10 ms later: nothing, although the metrics reading is as it was.
+        let now = t0 + ms(12);
+        assert_eq!(
+            next(
+                &mut sent,
+                &with_loads(&[("a:1", 0, t0 + ms(10))]),
+                now,
+                REFRESH
+            ),
+            None
+        );
+        // A new request: only the load is sent, two milliseconds old.
+        let m = next(
+            &mut sent,
+            &with_loads(&[("a:1", 1, t0 + ms(20))]),
+            t0 + ms(22),
+            REFRESH,
+        )
+        .unwrap();
+        assert!(!m.full && m.readings.is_empty());
+        assert_eq!(m.loads, vec![load("a:1", 1, 2)]);
+        // Unchanged for longer than the refresh interval: sent again with its newer date.
+        let m = next(
+            &mut sent,
+            &with_loads(&[("a:1", 1, t0 + ms(125))]),
+            t0 + ms(125),
+            REFRESH,
+        )
+        .unwrap();
+        assert_eq!(m.loads, vec![load("a:1", 1, 0)]);
+        // An endpoint that has only a load (its metrics failing) is sent its load.
+        let m = next(
+            &mut sent,
+            &with_loads(&[("a:1", 1, t0 + ms(125)), ("b:1", 4, t0 + ms(130))]),
+            t0 + ms(131),
+            REFRESH,
+        )
+        .unwrap();
+        assert_eq!(m.loads, vec![load("b:1", 4, 1)]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -15,7 +15,7 @@
 //! its streams ended, so that its engines are never read by two shards for long.
 
 use crate::{
-    delta::{Entry, PoolState},
+    delta::{Entry, LoadEntry, PoolState},
     metrics::{PoolLabels, RefusedLabels, ScrapeLabels, SignalsMetrics},
     prefix::{self, PoolPrefix},
     probe::Probe,
@@ -39,8 +39,12 @@ use tokio::{
 /// How the hub reads engines.
 #[derive(Clone, Copy, Debug)]
 pub struct HubConfig {
-    /// Between the starts of two scrapes of one endpoint.
+    /// Between the starts of two scrapes of one endpoint's metrics.
     pub interval: Duration,
+    /// Between the starts of two reads of one endpoint's `GET /load`: one counter, cheap for the
+    /// engine, and the first signal to show a new request, so read more often than the metrics
+    /// (docs/signals.md, "Freshness").
+    pub load_interval: Duration,
     /// How old a sidecar's copy of an unchanged reading may grow before it is sent again.
     pub refresh: Duration,
 }
@@ -49,6 +53,7 @@ impl Default for HubConfig {
     fn default() -> Self {
         Self {
             interval: Duration::from_millis(50),
+            load_interval: Duration::from_millis(10),
             refresh: Duration::from_millis(100),
         }
     }
@@ -255,6 +260,7 @@ where
                         probe: self.inner.probe.clone(),
                         engine,
                         interval: self.inner.config.interval,
+                        load_interval: self.inner.config.load_interval,
                         metrics: self.inner.metrics.clone(),
                         pool: label(pool),
                     },
@@ -329,14 +335,16 @@ struct Reader<P> {
     probe: P,
     engine: Engine,
     interval: Duration,
+    load_interval: Duration,
     metrics: SignalsMetrics,
     pool: String,
 }
 
-/// An endpoint's tasks: its scrape loop and, with KV events, its subscription.
+/// An endpoint's tasks: its scrape and load loops and, with KV events, its subscription.
 #[derive(Debug)]
 struct EndpointTasks {
     _scrape: Aborting,
+    _load: Aborting,
     _kv: Option<Aborting>,
 }
 
@@ -380,13 +388,15 @@ async fn follow<P: Probe>(
         });
         if loops.len() != before {
             tx.send_modify(|s| {
-                s.endpoints
-                    .retain(|a, _| a.parse::<SocketAddr>().is_ok_and(|a| current.contains(&a)));
+                let keep = |a: &String| a.parse::<SocketAddr>().is_ok_and(|a| current.contains(&a));
+                s.endpoints.retain(|a, _| keep(a));
+                s.loads.retain(|a, _| keep(a));
             });
         }
         for addr in current {
             loops.entry(addr).or_insert_with(|| EndpointTasks {
                 _scrape: Aborting(tokio::spawn(scrape_loop(addr, tx.clone(), reader.clone()))),
+                _load: Aborting(tokio::spawn(load_loop(addr, tx.clone(), reader.clone()))),
                 _kv: kv.as_ref().map(|(source, prefix)| {
                     Aborting(tokio::spawn(prefix::follow(
                         addr,
@@ -414,6 +424,7 @@ async fn scrape_loop<P: Probe>(
         interval,
         metrics,
         pool,
+        ..
     } = reader;
     let key = addr.to_string();
     let counter = |result| {
@@ -427,16 +438,13 @@ async fn scrape_loop<P: Probe>(
             .clone()
     };
     let (ok, error) = (counter("ok"), counter("error"));
-    let mut load = true;
     let mut reads = 0u64;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let started = Instant::now();
-        let (read, still_load) = probe.read(addr, engine, load).await;
-        load = still_load;
-        match read {
+        match probe.read(addr, engine).await {
             Ok(mut values) => {
                 ok.inc();
                 values.addr = key.clone();
@@ -464,6 +472,62 @@ async fn scrape_loop<P: Probe>(
                     }
                     None => false,
                 });
+            }
+        }
+    }
+}
+
+/// Reads one endpoint's `GET /load` every `load_interval` into the pool's state. A changed value
+/// wakes the streams; an unchanged one only freshens its date, which the streams send on when
+/// the copies they sent grow older than the refresh interval. An endpoint without the route
+/// (vLLM without `--enable-server-load-tracking` may answer 404) is not asked again.
+async fn load_loop<P: Probe>(
+    addr: SocketAddr,
+    tx: Arc<watch::Sender<PoolState>>,
+    reader: Reader<P>,
+) {
+    let Reader {
+        probe,
+        load_interval,
+        metrics,
+        pool,
+        ..
+    } = reader;
+    let key = addr.to_string();
+    let counter = |result| {
+        metrics
+            .load_reads
+            .get_or_create(&ScrapeLabels {
+                pool: pool.clone(),
+                endpoint: key.clone(),
+                result,
+            })
+            .clone()
+    };
+    let (ok, error) = (counter("ok"), counter("error"));
+    let mut tick = tokio::time::interval(load_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let started = Instant::now();
+        match probe.load(addr).await {
+            Ok(Some(value)) => {
+                ok.inc();
+                tx.send_if_modified(|s| {
+                    let entry = LoadEntry { value, at: started };
+                    match s.loads.insert(key.clone(), entry) {
+                        Some(old) => old.value != value,
+                        None => true,
+                    }
+                });
+            }
+            Ok(None) => {
+                tracing::debug!(endpoint = %addr, "no GET /load: its server load is not read");
+                return;
+            }
+            Err(e) => {
+                error.inc();
+                tracing::debug!(endpoint = %addr, error = %e, "signals load read failed");
             }
         }
     }
@@ -542,10 +606,35 @@ pub(crate) mod tests {
         }
     }
 
-    /// Answers every read with `waiting = port`, counting reads.
-    #[derive(Clone, Debug, Default)]
+    /// Answers every metrics read with `waiting = port`, and, unless built with
+    /// [`CountingProbe::without_load`], every load read with `port + load_base`, counting both.
+    #[derive(Clone, Debug)]
     pub(crate) struct CountingProbe {
         pub reads: Arc<AtomicU64>,
+        pub loads: Arc<AtomicU64>,
+        pub load_base: Arc<AtomicU64>,
+        load: bool,
+    }
+
+    impl Default for CountingProbe {
+        fn default() -> Self {
+            Self {
+                reads: Default::default(),
+                loads: Default::default(),
+                load_base: Default::default(),
+                load: true,
+            }
+        }
+    }
+
+    impl CountingProbe {
+        /// Endpoints without `GET /load` (404).
+        pub fn without_load() -> Self {
+            Self {
+                load: false,
+                ..Self::default()
+            }
+        }
     }
 
     impl Probe for CountingProbe {
@@ -553,16 +642,19 @@ pub(crate) mod tests {
             &self,
             addr: SocketAddr,
             _: Engine,
-            load: bool,
-        ) -> (Result<api::EndpointReading, ProbeError>, bool) {
+        ) -> Result<api::EndpointReading, ProbeError> {
             self.reads.fetch_add(1, Ordering::Relaxed);
-            (
-                Ok(api::EndpointReading {
-                    num_requests_waiting: Some(u32::from(addr.port())),
-                    ..Default::default()
-                }),
-                load,
-            )
+            Ok(api::EndpointReading {
+                num_requests_waiting: Some(u32::from(addr.port())),
+                ..Default::default()
+            })
+        }
+
+        async fn load(&self, addr: SocketAddr) -> Result<Option<u32>, ProbeError> {
+            self.loads.fetch_add(1, Ordering::Relaxed);
+            Ok(self
+                .load
+                .then(|| u32::from(addr.port()) + self.load_base.load(Ordering::Relaxed) as u32))
         }
     }
 
@@ -613,6 +705,57 @@ pub(crate) mod tests {
                 pool: "default/other".into()
             })
         );
+    }
+
+    /// `GET /load` is read on its own, faster interval into the state's loads, and a change wakes
+    /// the watchers within one load interval; an endpoint without the route is asked once.
+    #[tokio::test(start_paused = true)]
+    async fn loads_are_read_apart_from_the_metrics_and_faster() {
+        let index = FakeIndex::new(&[1, 2]);
+        let probe = CountingProbe::default();
+        let hub = Hub::new(
+            index.clone(),
+            probe.clone(),
+            HubConfig::default(),
+            SignalsMetrics::default(),
+        );
+        let mut sub = hub.subscribe(&index.pool, Engine::Vllm).unwrap();
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        let (reads, loads) = (
+            probe.reads.load(Ordering::Relaxed),
+            probe.loads.load(Ordering::Relaxed),
+        );
+        // Two endpoints for a second: metrics every 50 ms, loads every 10 ms.
+        assert!((38..=44).contains(&reads), "{reads}");
+        assert!((196..=204).contains(&loads), "{loads}");
+        let load_of = |s: &PoolState, a: &str| s.loads.get(a).map(|l| l.value);
+        assert_eq!(
+            load_of(&sub.state.borrow_and_update(), "127.0.0.1:2"),
+            Some(2)
+        );
+        probe.load_base.store(5, Ordering::Relaxed);
+        let changed = Instant::now();
+        loop {
+            sub.state.changed().await.unwrap();
+            if load_of(&sub.state.borrow_and_update(), "127.0.0.1:2") == Some(7) {
+                break;
+            }
+        }
+        assert!(changed.elapsed() <= HubConfig::default().load_interval);
+        drop(sub);
+
+        let probe = CountingProbe::without_load();
+        let hub = Hub::new(
+            index.clone(),
+            probe.clone(),
+            HubConfig::default(),
+            SignalsMetrics::default(),
+        );
+        let sub = hub.subscribe(&index.pool, Engine::Vllm).unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(probe.loads.load(Ordering::Relaxed), 2, "asked once each");
+        assert!(probe.reads.load(Ordering::Relaxed) >= 18);
+        assert!(sub.state.borrow().loads.is_empty());
     }
 
     /// A shard serves only its own pools: another shard's pool (or the default shard's) is

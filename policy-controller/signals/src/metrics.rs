@@ -43,6 +43,8 @@ pub struct RefusedLabels {
 pub struct SignalsMetrics {
     pub watchers: Family<PoolLabels, Gauge>,
     pub scrapes: Family<ScrapeLabels, Counter>,
+    /// Reads of `GET /load`, on their own interval.
+    pub load_reads: Family<ScrapeLabels, Counter>,
     pub notices: Family<NoticeLabels, Counter>,
     /// Notices a watcher lost because it read too slowly.
     pub notices_lost: Family<PoolLabels, Counter>,
@@ -63,6 +65,11 @@ impl SignalsMetrics {
             "signals_scrapes",
             "Engine scrapes made by the signal service, by pool, endpoint and result",
             m.scrapes.clone(),
+        );
+        registry.register(
+            "signals_load_reads",
+            "Engine GET /load reads made by the signal service, by pool, endpoint and result",
+            m.load_reads.clone(),
         );
         registry.register(
             "signals_notices",

@@ -1,4 +1,5 @@
-//! Reading one engine: its `/metrics` (with the pool's engine adapter) and vLLM's `GET /load`.
+//! Reading one engine: its `/metrics` (with the pool's engine adapter) and vLLM's `GET /load`,
+//! each on its own interval (docs/signals.md, "Freshness").
 //!
 //! Behind [`Probe`] so that the hub's sharing and lifetimes are tested with a counting fake, and
 //! so that the HTTP details stay the proxy's own [`Scraper`]'s (the same parser, the same
@@ -17,15 +18,21 @@ pub enum ProbeError {
     Url { addr: SocketAddr },
 }
 
-/// Reads one endpoint's signals. `load` says whether `GET /load` is still worth asking; the
-/// probe answers `false` in the second value once the endpoint says it has no such route.
+/// Reads one endpoint's signals: its metrics, and apart from them (more often) its `GET /load`.
 pub trait Probe: Clone + Send + Sync + 'static {
+    /// The endpoint's metrics, as a reading without `server_load`.
     fn read(
         &self,
         addr: SocketAddr,
         engine: Engine,
-        load: bool,
-    ) -> impl Future<Output = (Result<api::EndpointReading, ProbeError>, bool)> + Send;
+    ) -> impl Future<Output = Result<api::EndpointReading, ProbeError>> + Send;
+
+    /// The endpoint's `GET /load`; `Ok(None)` when it has no such route (404), so it is not
+    /// asked again.
+    fn load(
+        &self,
+        addr: SocketAddr,
+    ) -> impl Future<Output = Result<Option<u32>, ProbeError>> + Send;
 }
 
 /// The HTTP probe: the proxy crate's [`Scraper`].
@@ -48,40 +55,27 @@ impl Probe for HttpProbe {
         &self,
         addr: SocketAddr,
         engine: Engine,
-        load: bool,
-    ) -> (Result<api::EndpointReading, ProbeError>, bool) {
-        let (Ok(url), Ok(load_url)) = (
-            format!("http://{addr}/metrics").parse::<http::Uri>(),
-            format!("http://{addr}/load").parse::<http::Uri>(),
-        ) else {
-            return (Err(ProbeError::Url { addr }), load);
-        };
-        let (metrics, server_load) = if load {
-            let (m, l) = tokio::join!(
-                self.scraper.scrape_engine(&url, engine),
-                self.scraper.server_load(&load_url)
-            );
-            (m, Some(l))
-        } else {
-            (self.scraper.scrape_engine(&url, engine).await, None)
-        };
-        let (server_load, load) = match server_load {
-            Some(Ok(n)) => (Some(n), true),
-            Some(Err(ScrapeError::Status { status, .. }))
-                if status == http::StatusCode::NOT_FOUND =>
-            {
-                (None, false)
+    ) -> Result<api::EndpointReading, ProbeError> {
+        let url = format!("http://{addr}/metrics")
+            .parse::<http::Uri>()
+            .map_err(|_| ProbeError::Url { addr })?;
+        let m = self.scraper.scrape_engine(&url, engine).await?;
+        let mut r = reading_of(&m);
+        r.addr = addr.to_string();
+        Ok(r)
+    }
+
+    async fn load(&self, addr: SocketAddr) -> Result<Option<u32>, ProbeError> {
+        let url = format!("http://{addr}/load")
+            .parse::<http::Uri>()
+            .map_err(|_| ProbeError::Url { addr })?;
+        match self.scraper.server_load(&url).await {
+            Ok(n) => Ok(Some(n)),
+            Err(ScrapeError::Status { status, .. }) if status == http::StatusCode::NOT_FOUND => {
+                Ok(None)
             }
-            Some(Err(_)) => (None, true),
-            None => (None, false),
-        };
-        let reading = metrics.map(|m| {
-            let mut r = reading_of(&m);
-            r.addr = addr.to_string();
-            r.server_load = server_load;
-            r
-        });
-        (reading.map_err(ProbeError::from), load)
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

@@ -401,6 +401,9 @@ mod tests {
                 prompt_tokens: 900,
                 uncached_tokens: 800,
                 prediction: None,
+                prompt_chunks: vec![7, 8],
+                prompt_chunk_tokens: 16,
+                prompt_chunk_chars: 64,
             })),
         };
         let batch = api::NoticeBatch {
@@ -429,6 +432,11 @@ mod tests {
             [1, 2]
         );
         assert!(relayed.iter().all(|n| n.age_us >= 1_000 && n.sender == "a"));
+        // The prompt's chunks travel as the sender wrote them.
+        assert!(relayed.iter().all(|n| matches!(
+            &n.event,
+            Some(api::notice::Event::Dispatch(d)) if d.prompt_chunks == [7, 8]
+        )));
         let count = |pool: &str, result| {
             metrics
                 .notices

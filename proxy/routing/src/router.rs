@@ -129,6 +129,11 @@ impl DispatchHandle {
 /// How long another proxy's request stays on record without its completion notice.
 pub const NOTICE_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 
+/// How long before a `GET /load` read a request must have been sent to be counted in it when the
+/// notices are reconciled with it: the hop from a sidecar to the engine's API server (loopback or
+/// one cluster network hop, well under this).
+pub const RECONCILE_GRACE: std::time::Duration = std::time::Duration::from_millis(10);
+
 #[derive(Debug)]
 struct EndpointState {
     meta: EndpointMeta,
@@ -200,7 +205,19 @@ impl EndpointState {
     /// (own and others', sent by `at`) are at most `server_load`. More means notices were lost
     /// (a first token and a completion both lost would hold a request's work in the queue until
     /// [`NOTICE_TTL`]): the excess, oldest first, is forgotten.
+    ///
+    /// Two readings say nothing of the notices and are skipped: a load below the requests the
+    /// engine's own gauges show (an engine that does not track its load answers 0 whatever it
+    /// holds, as vLLM does without `--enable-server-load-tracking`), and requests sent within
+    /// [`RECONCILE_GRACE`] of the read, which may still be on their way to the engine.
     fn reconcile_foreign(&mut self, server_load: u32, at: Time) {
+        let gauge = |o: Option<crate::endpoint::Observed<u32>>| o.map_or(0, |o| o.value);
+        let shown = gauge(self.signals.num_requests_running)
+            .saturating_add(gauge(self.signals.num_requests_waiting));
+        if server_load < shown {
+            return;
+        }
+        let at = Time::from_since_epoch(at.since_epoch().saturating_sub(RECONCILE_GRACE));
         let sent_by = |f: &InFlight| f.iter().filter(|r| r.dispatched_at <= at).count();
         let known = sent_by(&self.inflight) + sent_by(&self.foreign);
         let excess = known.saturating_sub(server_load as usize);

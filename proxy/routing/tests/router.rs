@@ -1161,6 +1161,18 @@ fn the_servers_load_bounds_the_noticed_requests_when_notices_are_lost() {
         .unwrap();
     r.observe_scrape(&e0, &with_load(2), t(0.45)).unwrap();
     assert_eq!(r.foreign(&e0).unwrap().pending(), 3);
+    // Nor is one sent just before it (still on its way to the engine).
+    r.observe_scrape(&e0, &with_load(2), t(0.505)).unwrap();
+    assert_eq!(r.foreign(&e0).unwrap().pending(), 3);
+    // An engine that does not track its load reads 0 whatever it holds: below its own gauges,
+    // the reading bounds nothing.
+    let untracked = Scrape {
+        num_requests_waiting: Some(3),
+        server_load: Some(0),
+        ..with_load(0)
+    };
+    r.observe_scrape(&e0, &untracked, t(0.6)).unwrap();
+    assert_eq!(r.foreign(&e0).unwrap().pending(), 3);
 }
 
 #[test]

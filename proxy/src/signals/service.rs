@@ -34,7 +34,7 @@
 use crate::{
     endpoints::EndpointTable,
     metrics::{NoticeLabels, PoolLabels, SignalMetrics},
-    router::{OwnNotice, RouterHandle},
+    router::{NOTICE_PROMPT_CHUNKS, NoticePrompt, OwnNotice, RouterHandle},
 };
 use kinference_proxy_api::signals::{
     self as api, SignalsTarget, engine_signals_client::EngineSignalsClient,
@@ -45,7 +45,7 @@ use kinference_routing::{
     endpoint::{CacheConfig, PrefixCacheCounters},
     inflight::InFlightRequest,
 };
-use std::{collections::HashMap, net::SocketAddr, time::Duration};
+use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 /// The first wait before reconnecting, doubled per failure up to [`BACKOFF_MAX`].
@@ -370,6 +370,29 @@ impl Applied {
             p.router
                 .observe_scrape(&id, &scrape_of(r), clock.time_of(read_at));
         }
+        // `GET /load`, dated on its own: the router keeps each signal's time, so a load newer
+        // than the metrics moves only the server load (and the notices' reconciliation).
+        for l in &update.loads {
+            let Ok(addr) = l.addr.parse::<SocketAddr>() else {
+                continue;
+            };
+            let id = EndpointId::from(addr.to_string());
+            if p.table
+                .info(&id)
+                .is_none_or(|e| e.destination != p.destination)
+            {
+                continue;
+            }
+            let read_at = arrived
+                .checked_sub(Duration::from_millis(l.age_ms))
+                .unwrap_or(arrived);
+            let scrape = Scrape {
+                server_load: Some(l.server_load),
+                ..Scrape::default()
+            };
+            p.router
+                .observe_scrape(&id, &scrape, clock.time_of(read_at));
+        }
     }
 }
 
@@ -403,8 +426,7 @@ fn apply_notices(update: &api::SignalsUpdate, arrived: Instant, p: &PoolParams) 
                 .checked_sub(Duration::from_micros(n.age_us))
                 .unwrap_or(arrived),
         );
-        if let Some(notice) = notice_of(n, at) {
-            p.router.observe_notice(&id, notice);
+        if apply_notice(&p.router, &id, n, at) {
             applied += 1;
         }
     }
@@ -452,15 +474,42 @@ fn finite(v: f64, or: f64) -> f64 {
     if v.is_finite() { v } else { or }
 }
 
+/// Applies another proxy's notice `n` on `id`, its event dated `at`: to the router's ledger and,
+/// for a dispatch whose prompt chunks came with it, as pending prefix. Whether it was one.
+pub fn apply_notice(
+    router: &RouterHandle,
+    id: &EndpointId,
+    n: &api::Notice,
+    at: kinference_routing::Time,
+) -> bool {
+    let Some(notice) = notice_of(n, at) else {
+        return false;
+    };
+    router.observe_notice(id, notice);
+    if let (Notice::Dispatch(r), Some(api::notice::Event::Dispatch(d))) = (&notice, &n.event)
+        && !d.prompt_chunks.is_empty()
+    {
+        let chunks = &d.prompt_chunks[..d.prompt_chunks.len().min(NOTICE_PROMPT_CHUNKS)];
+        let prompt = NoticePrompt {
+            chunks: Arc::from(chunks),
+            chunk_tokens: d.prompt_chunk_tokens,
+            chunk_chars: d.prompt_chunk_chars,
+        };
+        router.observe_notice_prompt(id, r.id, &prompt);
+    }
+    true
+}
+
 /// This proxy's own notice as the wire's, `age` after its event.
 pub fn wire_notice(
-    notice: &Notice,
+    own: &OwnNotice,
     sender: &str,
     path: &str,
     addr: SocketAddr,
     age: Duration,
 ) -> api::Notice {
-    let (request_id, event) = match notice {
+    let prompt = own.prompt.as_ref();
+    let (request_id, event) = match &own.notice {
         Notice::Dispatch(r) => (
             r.id,
             api::notice::Event::Dispatch(api::Dispatch {
@@ -479,6 +528,9 @@ pub fn wire_notice(
                     )
                     .unwrap_or(u64::MAX),
                 }),
+                prompt_chunks: prompt.map(|p| p.chunks.to_vec()).unwrap_or_default(),
+                prompt_chunk_tokens: prompt.map_or(0, |p| p.chunk_tokens),
+                prompt_chunk_chars: prompt.map_or(0, |p| p.chunk_chars),
             }),
         ),
         Notice::FirstToken { id, .. } => (*id, api::notice::Event::FirstToken(api::FirstToken {})),
@@ -511,7 +563,7 @@ pub fn spawn_notifiers(
         type Stream = (tokio::sync::mpsc::Sender<OwnNotice>, super::Aborting);
         let mut streams: HashMap<Vec<http::Uri>, Stream> = HashMap::new();
         while let Some(notice) = tap.recv().await {
-            let Some(e) = table.info(&notice.0) else {
+            let Some(e) = table.info(&notice.endpoint) else {
                 continue;
             };
             let addrs = super::service_addrs(&e, &config.addrs);
@@ -597,7 +649,7 @@ pub fn spawn_notifier(
                 // Away: drop what is tapped meanwhile rather than let the tap fill.
                 let until = Instant::now() + backoff;
                 while let Ok(Some(n)) = tokio::time::timeout_at(until, tap.recv()).await {
-                    if let Some(e) = table.info(&n.0) {
+                    if let Some(e) = table.info(&n.endpoint) {
                         count(&labels_of(&e), "dropped", 1);
                     }
                 }
@@ -624,15 +676,15 @@ pub fn spawn_notifier(
                 let mut by_pool: HashMap<PoolLabels, u64> = HashMap::new();
                 let notices: Vec<api::Notice> = batch
                     .iter()
-                    .filter_map(|(id, notice, at)| {
-                        let e = table.info(id)?;
+                    .filter_map(|own| {
+                        let e = table.info(&own.endpoint)?;
                         *by_pool.entry(labels_of(&e)).or_default() += 1;
                         Some(wire_notice(
-                            notice,
+                            own,
                             &sender,
                             &e.destination,
                             e.addr,
-                            now.saturating_since(*at),
+                            now.saturating_since(own.at),
                         ))
                     })
                     .collect();

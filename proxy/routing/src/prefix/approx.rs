@@ -72,6 +72,15 @@ impl PromptBlocks {
         }
     }
 
+    /// Chunk hashes another proxy computed with the same cut (its notice of the prompt, see
+    /// [`crate::Router::observe_notice_prompt`]).
+    pub fn from_hashes(hashes: Vec<BlockHash>, block_size_tokens: u32) -> Self {
+        Self {
+            hashes,
+            block_size_tokens,
+        }
+    }
+
     /// The chunk hashes in prompt order.
     pub fn hashes(&self) -> &[BlockHash] {
         &self.hashes

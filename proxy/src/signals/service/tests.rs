@@ -77,6 +77,12 @@ impl EngineSignals for Fake {
                         read_seq: version,
                         ..Default::default()
                     }],
+                    // The load, read apart: 40 + the message's number, 1 ms old.
+                    loads: vec![api::LoadReading {
+                        addr: addr.clone(),
+                        age_ms: 1,
+                        server_load: 40 + u32::try_from(version).unwrap_or(0),
+                    }],
                     ..Default::default()
                 };
                 if tx.send(Ok(update)).await.is_err() {
@@ -220,6 +226,20 @@ async fn a_pool_reads_through_the_service_falls_back_when_it_fails_and_returns()
         (source() == Some(Source::Service) && waiting() == Some(7)).then_some(())
     })
     .await;
+    // The load, from the stream's own entries, dated apart from the reading (1 ms old, not 5).
+    let load = || {
+        router.read(|r, _| {
+            r.signals(&id)
+                .and_then(|s| s.server_load.zip(s.num_requests_waiting))
+                .map(|(l, w)| (l.value, l.at, w.at))
+        })
+    };
+    until("the service's load", || {
+        load().filter(|(v, _, _)| *v > 40).map(|_| ())
+    })
+    .await;
+    let (_, load_at, reading_at) = load().unwrap();
+    assert!(load_at > reading_at, "the load is dated on its own");
     let before = reads.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
