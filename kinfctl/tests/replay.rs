@@ -68,6 +68,7 @@ fn heavy_schedule() -> Schedule {
         .collect()
 }
 
+/// Policy B: the example without its widening rule.
 fn without_rules(doc: &mut serde_yaml::Value) {
     if doc["kind"] == "InferencePolicy"
         && let Some(spec) = doc["spec"].as_mapping_mut()
@@ -76,21 +77,38 @@ fn without_rules(doc: &mut serde_yaml::Value) {
     }
 }
 
+/// Policy C, a much worse candidate: every glm-5.3 request rewritten to the one qwen-3.6-27b
+/// replica, as the "sends everything to one endpoint".
+fn everything_to_qwen(doc: &mut serde_yaml::Value) {
+    if doc["kind"] == "InferencePolicy"
+        && let Some(spec) = doc["spec"].as_mapping_mut()
+    {
+        let rules: serde_yaml::Value = serde_yaml::from_str(
+            "- name: everything-to-qwen\n  match:\n    models: [glm-5.3, default]\n  action:\n    rewriteTo: qwen-3.6-27b\n",
+        )
+        .unwrap();
+        spec.insert("rules".into(), rules);
+    }
+}
+
+/// How a live run's policy differs from `examples/policy.yaml`.
+type Patch = fn(&mut serde_yaml::Value);
+
+fn unchanged(_: &mut serde_yaml::Value) {}
+
 /// One live run: the schedule through a fresh stack; the recorded traffic and the endpoints view.
-async fn live(dir: &Path, name: &str, narrow: bool, schedule: &Schedule) -> (Vec<Value>, String) {
+async fn live(dir: &Path, name: &str, patch: Patch, schedule: &Schedule) -> (Vec<Value>, String) {
     let log = dir.join(format!("{name}.jsonl"));
     let opts = StackOptions {
         replicas: vec![("glm-5.3".into(), 1), ("qwen-3.6-27b".into(), 1)],
         proxy_args: vec!["--traffic-log".into(), log.display().to_string()],
         ..StackOptions::default()
     };
-    let stack = tokio::task::spawn_blocking(move || {
-        let patch: &dyn Fn(&mut serde_yaml::Value) = if narrow { &without_rules } else { &|_| {} };
-        Stack::start(&Programs::workspace(), &opts, patch)
-    })
-    .await
-    .unwrap()
-    .expect("the local stack starts");
+    let stack =
+        tokio::task::spawn_blocking(move || Stack::start(&Programs::workspace(), &opts, &patch))
+            .await
+            .unwrap()
+            .expect("the local stack starts");
     let client = reqwest::Client::new();
     let admin = format!("http://{}", stack.proxy.admin);
     let base = format!("http://{}", stack.proxy.listen);
@@ -181,26 +199,43 @@ fn moved(records: &[Value]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_predicts_the_live_p90_of_both_policies() {
-    check(&schedule()).await;
+    check(&schedule(), without_rules, 0.0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_predicts_the_live_p90_of_both_policies_under_queueing() {
-    check(&heavy_schedule()).await;
+    check(&heavy_schedule(), without_rules, 0.0).await;
 }
 
-/// Runs `schedule` live under A and B, replays A's recording through both, and checks the
-/// replay against both live runs.
-async fn check(schedule: &Schedule) {
+/// Two policies far apart: A against C, which sends everything to the one qwen-3.6-27b
+/// replica, on the heavy schedule (C's queue grows for the whole run). The replay must predict
+/// C's p90 within the fleet MAPE too, and the two live p90s must be at least 1.5× apart (else
+/// this check shows nothing the others do not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_predicts_a_much_worse_candidate() {
+    let (live_a, live_c) = check(&heavy_schedule(), everything_to_qwen, 1.0).await;
+    let ratio = live_c.max(live_a) / live_c.min(live_a);
+    assert!(
+        ratio >= 1.5,
+        "the live p90s are only {ratio:.2}× apart: {live_a} s and {live_c} s"
+    );
+}
+
+/// Runs `schedule` live under A and under the candidate (`candidate` applied to A), replays A's
+/// recording through both, and checks the replay against both live runs; `candidate_moved` is
+/// the share of requests the candidate serves on another model than the one asked for. Returns
+/// the live p90s of A and the candidate.
+async fn check(schedule: &Schedule, candidate: Patch, candidate_moved: f64) -> (f64, f64) {
     let dir = tempfile::tempdir().unwrap();
-    let (a, endpoints) = live(dir.path(), "a", false, schedule).await;
-    let (b, _) = live(dir.path(), "b", true, schedule).await;
+    let (a, endpoints) = live(dir.path(), "a", unchanged, schedule).await;
+    let (b, _) = live(dir.path(), "b", candidate, schedule).await;
     assert_eq!(a.len(), schedule.len());
     assert_eq!(b.len(), schedule.len());
-    // Before an engine's first KV event the precise index is empty and the decision hashes
-    // only the approximate chunks; after it, vLLM-space blocks.
+    // Every record is in vLLM's hash space, the first ones too (before any engine's first KV
+    // event the decision hashes only approximate chunks, and the record hashes the prompt
+    // itself), so every recorded prompt shares its prefix with the others in the replay.
     let precise = a.iter().filter(|r| r["hash_source"] == "precise").count();
-    assert!(precise * 2 >= a.len(), "{precise} of {} precise", a.len());
+    assert_eq!(precise, a.len(), "{precise} of {} precise", a.len());
     for r in &a {
         assert!(!r["block_hashes"].as_array().unwrap().is_empty(), "{r}");
         assert!(r["ttft_s"].as_f64().is_some(), "{r}");
@@ -216,14 +251,18 @@ async fn check(schedule: &Schedule) {
         1,
         "every prompt starts with the system prompt's block"
     );
-    assert_eq!(moved(&b), 0, "the narrow policy moves nothing");
+    assert_eq!(
+        moved(&b) as f64 / b.len() as f64,
+        candidate_moved,
+        "the candidate's moves"
+    );
 
     let examples = workspace_root().join("examples");
-    let narrow = dir.path().join("narrow.yaml");
+    let candidate_yaml = dir.path().join("candidate.yaml");
     let text = std::fs::read_to_string(examples.join("policy.yaml")).unwrap();
     let mut doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
-    without_rules(&mut doc);
-    std::fs::write(&narrow, serde_yaml::to_string(&doc).unwrap()).unwrap();
+    candidate(&mut doc);
+    std::fs::write(&candidate_yaml, serde_yaml::to_string(&doc).unwrap()).unwrap();
     let fleet = dir.path().join("endpoints.json");
     std::fs::write(&fleet, &endpoints).unwrap();
     let out = dir.path().join("report.json");
@@ -234,7 +273,7 @@ async fn check(schedule: &Schedule) {
         .arg("--current")
         .arg(examples.join("policy.yaml"))
         .arg("--candidate")
-        .arg(&narrow)
+        .arg(&candidate_yaml)
         .arg("--manifests")
         .arg(&examples)
         .arg("--fleet")
@@ -264,12 +303,15 @@ async fn check(schedule: &Schedule) {
         report["current"]["moved_share"]
     );
     println!(
-        "policy B (no widening): predicted p90 {:.0} ms, live {:.0} ms, error {:.1}%",
+        "candidate: predicted p90 {:.0} ms, live {:.0} ms, error {:.1}%",
         predicted_b * 1e3,
         live_b * 1e3,
         err(predicted_b, live_b) * 100.0
     );
-    assert_eq!(report["candidate"]["moved_share"], 0.0);
+    assert_eq!(
+        report["candidate"]["moved_share"].as_f64(),
+        Some(candidate_moved)
+    );
     // The routing is reproduced: the replay moves the share of A's requests that moved live.
     let predicted_moved = report["current"]["moved_share"].as_f64().unwrap();
     let live_moved = moved(&a) as f64 / a.len() as f64;
@@ -295,4 +337,5 @@ async fn check(schedule: &Schedule) {
             FLEET_MAPE * 100.0
         );
     }
+    (live_a, live_b)
 }

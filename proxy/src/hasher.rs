@@ -75,6 +75,19 @@ impl PromptHasher {
         self.computed.lock().clone()
     }
 
+    /// The hashes for a traffic record: those the decision computed, else the first candidate
+    /// model's at `block_size_tokens`. A decision made before any endpoint's KV events computes
+    /// none, and a record in another hash space (the approximate chunks) would share no prefix
+    /// with the rest of its recording when replayed (docs/rollout.md, "What-if replay").
+    pub fn for_record(&self, block_size_tokens: u32) -> Option<(u32, Vec<u64>)> {
+        if let Some(c) = self.computed() {
+            return Some(c);
+        }
+        let (model, _) = self.by_model.first()?;
+        let (t, tokens) = self.tokens_of(model)?;
+        Some((block_size_tokens, t.block_hashes(tokens, block_size_tokens)))
+    }
+
     fn tokens_of(&self, model: &ModelName) -> Option<(&Tokenizer, &[u32])> {
         let t = &self.by_model.iter().find(|(m, _)| m == model)?.1;
         let tokens = &self.tokens.iter().find(|(have, _)| have == t)?.1;

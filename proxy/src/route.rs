@@ -511,6 +511,7 @@ fn decider_of(params: &RouteParams, labels: &RequestLabels) -> Decider {
         max_attempts: params.max_attempts,
         guard: params.guard.clone(),
         tenant: labels.tenant.clone(),
+        record_hashes: params.traffic.enabled(),
     }
 }
 
@@ -683,6 +684,10 @@ fn too_long<'a>(
 /// The vLLM-space block size and hashes a decision computed, for the traffic record.
 type Precise = Option<(u32, Vec<u64>)>;
 
+/// vLLM's default KV block size (`--block-size`): the traffic record's blocks when no candidate
+/// endpoint's events told the decision another.
+const VLLM_DEFAULT_BLOCK_SIZE: u32 = 16;
+
 /// What a decision needs besides the policy and the request, owned so that it can move to the
 /// blocking pool.
 struct Decider {
@@ -692,6 +697,9 @@ struct Decider {
     max_attempts: usize,
     guard: crate::guard::Guard,
     tenant: String,
+    /// The traffic log is on: every record needs vLLM-space hashes when the prompt could be
+    /// tokenized, even where the decision asked for none (`PromptHasher::for_record`).
+    record_hashes: bool,
 }
 
 impl Decider {
@@ -735,7 +743,14 @@ impl Decider {
             .iter()
             .filter_map(|a| Some((a.key.rule.as_str(), a.hold?)))
             .collect();
-        let precise = || hasher.as_ref().and_then(PromptHasher::computed);
+        let precise = || {
+            let h = hasher.as_ref()?;
+            if self.record_hashes {
+                h.for_record(VLLM_DEFAULT_BLOCK_SIZE)
+            } else {
+                h.computed()
+            }
+        };
         if held.is_empty() {
             return (blocks, plan, applied, precise());
         }
