@@ -1,7 +1,11 @@
-//! Prefix hashing throughput and approximate-index lookup across 64 endpoints.
+//! Prefix hashing throughput, approximate-index lookup across 64 endpoints, and the precise
+//! mirrors: a full mirror's lookup and a stored batch that must evict.
 
 use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_main};
-use kinference_routing::{ApproxConfig, PromptBlocks, prefix::ApproxIndex};
+use kinference_routing::{
+    ApproxConfig, KvEvent, PromptBlocks,
+    prefix::{ApproxIndex, PreciseIndex},
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -49,5 +53,48 @@ fn prefix(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, prefix);
+/// 64 full mirrors of 32,768 blocks (2 M hashes): a 500-block prompt held by one endpoint, looked
+/// up at all 64 (what one decision asks), and one endpoint storing 64 blocks past capacity.
+fn precise(c: &mut Criterion) {
+    let mut g = c.benchmark_group("precise");
+    let blocks = 32_768u64;
+    let stored = |from: u64, n: u64| KvEvent::BlockStored {
+        block_hashes: (from..from + n)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect(),
+        parent_block_hash: None,
+        token_ids: Vec::new(),
+        block_size: 16,
+    };
+    let mut mirrors: Vec<PreciseIndex> = (0..64u64)
+        .map(|e| {
+            let mut ix = PreciseIndex::new(16, blocks as usize);
+            ix.apply(&stored(e << 32, blocks));
+            ix
+        })
+        .collect();
+    let prompt: Vec<u64> = (0..500u64)
+        .map(|i| ((5u64 << 32) + i).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    assert_eq!(mirrors[5].leading_blocks(&prompt), 500);
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("lookup_64_full_mirrors_500_blocks", |b| {
+        b.iter(|| {
+            mirrors
+                .iter()
+                .map(|m| m.leading_tokens(black_box(&prompt)))
+                .sum::<u64>()
+        })
+    });
+    let mut next = 1u64 << 40;
+    g.bench_function("store_64_blocks_into_a_full_mirror", |b| {
+        b.iter(|| {
+            mirrors[0].apply(&stored(next, 64));
+            next += 64;
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, prefix, precise);
 criterion_main!(benches);

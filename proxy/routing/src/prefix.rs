@@ -9,6 +9,7 @@
 
 pub mod approx;
 pub mod precise;
+mod stamped;
 
 pub use self::{
     approx::{ApproxConfig, ApproxIndex, PrefixMatches, PromptBlocks},
@@ -120,10 +121,6 @@ impl LruSet {
         new
     }
 
-    pub(crate) fn remove(&mut self, hash: BlockHash) -> bool {
-        self.stamps.remove(&hash).is_some()
-    }
-
     /// Evicts least recently used hashes until within capacity, reporting each.
     pub(crate) fn evict_over_capacity(&mut self, mut evicted: impl FnMut(BlockHash)) {
         while self.stamps.len() > self.capacity {
@@ -141,11 +138,6 @@ impl LruSet {
     pub(crate) fn set_capacity(&mut self, capacity: usize, evicted: impl FnMut(BlockHash)) {
         self.capacity = capacity.max(1);
         self.evict_over_capacity(evicted);
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.stamps.clear();
-        self.queue.clear();
     }
 
     pub(crate) fn hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {

@@ -4,9 +4,11 @@
 //! changes. Applying them per endpoint gives the set of block hashes it holds now; a prompt's leading
 //! hashes (in vLLM's hash space, from a [`super::BlockHasher`]) are then counted until the first one
 //! the endpoint lacks. The mirror is bounded: if events are lost and it grows past the endpoint's real
-//! block count, the least recently stored blocks are dropped, which can only under-state the overlap.
+//! block count, one of the least recently stored blocks is dropped per block stored, which can only
+//! under-state the overlap. It is a [`StampedSet`], 15 bytes a block, because a sidecar mirrors
+//! every endpoint's whole cache.
 
-use super::{BlockHash, LruSet};
+use super::{BlockHash, stamped::StampedSet};
 
 /// A change to an endpoint's prefix cache, as vLLM's KV events report it. (The proxy decodes the
 /// msgpack wire form into this; hashes wider than 64 bits are folded to 64 by the decoder.)
@@ -29,7 +31,7 @@ pub enum KvEvent {
 /// The mirrored prefix cache of one endpoint.
 #[derive(Clone, Debug)]
 pub struct PreciseIndex {
-    blocks: LruSet,
+    blocks: StampedSet,
     block_size_tokens: u32,
 }
 
@@ -37,7 +39,7 @@ impl PreciseIndex {
     /// A mirror for an endpoint with `block_size_tokens`-token blocks and `num_gpu_blocks` blocks.
     pub fn new(block_size_tokens: u32, num_gpu_blocks: usize) -> Self {
         Self {
-            blocks: LruSet::new(num_gpu_blocks),
+            blocks: StampedSet::new(num_gpu_blocks),
             block_size_tokens: block_size_tokens.max(1),
         }
     }
