@@ -6,10 +6,12 @@
 //! serving the admission webhooks over TLS.
 //!
 //! With an identity issuer (`--identity-issuer-cert`, `--identity-issuer-key`,
-//! `--identity-trust-anchors`, Kubernetes mode only; the chart always sets them) the gRPC
-//! discovery APIs are served over mutual TLS only, for the verified caller, and the issuer
-//! (`Identity.Certify`) listens on `--identity-addr`. Without one (local mode) gRPC is plaintext
-//! and unauthenticated, and the controller says so on stdout (`tls=off`) and in its log.
+//! `--identity-trust-anchors`, Kubernetes mode only; the chart does not set them yet: the proxy
+//! does not certify itself yet, and would then read no policy) the gRPC discovery APIs and the engine-signals service (`--signals-addr`) are served over mutual TLS
+//! only (one configuration: the controller's serving certificate, a client certificate from the
+//! trust anchors required), and the issuer (`Identity.Certify`) listens on `--identity-addr`.
+//! Without one (local mode) both are plaintext and unauthenticated, and the controller says so on
+//! stdout (`tls=off`, which covers `signals=` too) and in its log.
 
 use crate::{admin, manifests::ManifestSource, metrics::Metrics};
 use anyhow::{Context as _, bail};
@@ -111,9 +113,9 @@ pub struct Args {
     #[arg(long, default_value = "kinference-policy-controller")]
     pub service_name: String,
 
-    /// Where the engine-signals service (`EngineSignals.Watch`) listens, plaintext; port 0 picks
-    /// a free port. Without it no signal service runs and sidecars scrape engines themselves.
-    /// Not served with an identity issuer yet (it is not behind mutual TLS).
+    /// Where the engine-signals service (`EngineSignals.Watch`) listens; port 0 picks a free port.
+    /// Without it no signal service runs and sidecars scrape engines themselves. Served as the
+    /// gRPC discovery APIs are: over mutual TLS with an identity issuer, else plaintext.
     #[arg(long)]
     pub signals_addr: Option<SocketAddr>,
 
@@ -231,6 +233,16 @@ struct Identity {
 }
 
 impl Identity {
+    /// The mutual-TLS configuration of every listener proxies call with their certificate (the
+    /// gRPC discovery APIs and the signal service): the controller's serving certificate, and a
+    /// client certificate from the trust anchors required.
+    fn mutual_tls(&self) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+        let roots = kinference_identity::tls::roots(self.issuer.anchors())
+            .context("the identity trust anchors")?;
+        kinference_identity::tls::mutual_server_config(roots, self.credentials.clone())
+            .context("the gRPC servers' mutual TLS configuration")
+    }
+
     /// Loads the issuer and issues the serving certificate; `None` without issuer flags.
     async fn load(args: &Args, namespace: &str) -> anyhow::Result<Option<Self>> {
         let (Some(cert), Some(key), Some(anchors)) = (
@@ -278,7 +290,10 @@ impl Identity {
 type GrpcServe = Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
 
 /// Says, on stdout's line and in the log, that gRPC is plaintext.
-const PLAINTEXT: &str = "gRPC is plaintext and unauthenticated: any process that reaches it reads every target's policy and names its own source_workload (local mode; in a cluster, give the controller an identity issuer, as the chart does)";
+const PLAINTEXT: &str = "gRPC is plaintext and unauthenticated: any process that reaches it reads every target's policy and names its own source_workload (local mode; in a cluster, give the controller an identity issuer)";
+
+/// Says, in the log, that the signal service is plaintext (stdout's line says `tls=off`).
+const SIGNALS_PLAINTEXT: &str = "the signal service is plaintext and unauthenticated: any process that reaches it watches every pool's engine readings and relays notices to its sidecars (local mode; in a cluster, give the controller an identity issuer)";
 
 impl KubeArgs {
     fn from(args: &Args) -> anyhow::Result<Self> {
@@ -423,11 +438,13 @@ async fn bind_servers(
     Ok((grpc, grpc_addr, admin_addr))
 }
 
-/// Starts the engine-signals service where `--signals-addr` says; its bound address, if any.
+/// Starts the engine-signals service where `--signals-addr` says, over mutual TLS with `tls` (the
+/// controller's identity) or plaintext without; its bound address, if any.
 async fn spawn_signals(
     args: &Args,
     metrics: &Metrics,
     index: &SharedIndex,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: &Shutdown,
 ) -> anyhow::Result<Option<SocketAddr>> {
     let Some(addr) = args.signals_addr else {
@@ -444,10 +461,19 @@ async fn spawn_signals(
         metrics.signals.clone(),
         args.signals_shard.clone(),
     );
-    let (bound, serve) = kinference_policy_signals::SignalsServer::new(hub)
-        .bind(addr, shutdown.signal())
-        .await
-        .with_context(|| format!("binding the signal service to {addr}"))?;
+    let server = kinference_policy_signals::SignalsServer::new(hub);
+    let mtls = tls.is_some();
+    let bound: std::io::Result<(SocketAddr, GrpcServe)> = match tls {
+        Some(tls) => server
+            .bind_tls(addr, tls, shutdown.signal())
+            .await
+            .map(|(a, serve)| (a, Box::pin(serve) as GrpcServe)),
+        None => server
+            .bind(addr, shutdown.signal())
+            .await
+            .map(|(a, serve)| (a, Box::pin(serve) as GrpcServe)),
+    };
+    let (bound, serve) = bound.with_context(|| format!("binding the signal service to {addr}"))?;
     tokio::spawn(async move {
         if let Err(error) = serve.await {
             tracing::error!(%error, "the signal service stopped");
@@ -456,8 +482,12 @@ async fn spawn_signals(
     tracing::info!(
         signals_addr = %bound,
         shard = kinference_policy_core::inference::SignalsShard::display(args.signals_shard.as_ref()),
+        tls = if mtls { "mtls" } else { "off" },
         "serving engine signals"
     );
+    if !mtls {
+        tracing::warn!(signals_addr = %bound, "{SIGNALS_PLAINTEXT}");
+    }
     Ok(Some(bound))
 }
 
@@ -496,7 +526,7 @@ async fn run_manifests(
     source.reload().context("reading the manifest directory")?;
 
     let (grpc, grpc_addr, admin_addr) = bind_servers(&args, &metrics, &index, &reports).await?;
-    let signals = spawn_signals(&args, &metrics, &index, &shutdown).await?;
+    let signals = spawn_signals(&args, &metrics, &index, None, &shutdown).await?;
     // The index holds the manifests and the gRPC port accepts: proxies may be served.
     metrics.set_ready();
     // A line tests and scripts read to find the ports.
@@ -583,12 +613,9 @@ async fn run_kubernetes(
     };
 
     let (grpc, grpc_addr, admin_addr) = bind_servers(&args, &metrics, &index, &reports).await?;
-    if args.signals_addr.is_some() && identity.is_some() {
-        bail!(
-            "--signals-addr is not served over mutual TLS yet: run it without an identity issuer"
-        );
-    }
-    let signals = spawn_signals(&args, &metrics, &index, &shutdown).await?;
+    // One mutual-TLS configuration for the gRPC discovery APIs and the signal service.
+    let mtls = identity.as_ref().map(Identity::mutual_tls).transpose()?;
+    let signals = spawn_signals(&args, &metrics, &index, mtls.clone(), &shutdown).await?;
     let admission_addr = match &webhook {
         Some((listener, _)) => Some(listener.local_addr()?),
         None => None,
@@ -598,13 +625,8 @@ async fn run_kubernetes(
         Some(l) => Some(l.local_addr()?),
         None => None,
     };
-    let (serve, tls): (GrpcServe, &str) = match identity {
-        Some(identity) => {
-            let roots = kinference_identity::tls::roots(identity.issuer.anchors())
-                .context("the identity trust anchors")?;
-            let grpc_tls =
-                kinference_identity::tls::mutual_server_config(roots, identity.credentials.clone())
-                    .context("the gRPC server's TLS configuration")?;
+    let (serve, tls): (GrpcServe, &str) = match identity.zip(mtls) {
+        Some((identity, grpc_tls)) => {
             let issuer_tls = kinference_identity::tls::server_config(identity.credentials.clone())
                 .context("the identity issuer's TLS configuration")?;
             let service = kinference_identity::service::IdentityService::new(

@@ -4,6 +4,8 @@
 //!
 //! - Without a certificate from the issuer's trust anchors, no client reads policy: plaintext,
 //!   TLS without a client certificate and a certificate from another authority all fail.
+//! - The engine-signals service (`--signals-addr`) follows the same rule: no such client watches
+//!   a pool's readings or sends notices, and a certified one does.
 //! - A certificate names one workload: a request that names another is refused.
 //! - The issuer certifies a pod's projected token only when the API server's TokenReview
 //!   accepts it, for the identity it asks.
@@ -21,10 +23,11 @@ use kinference_k8s_api_double::{ApiServer, ServiceAccountToken};
 use kinference_proxy_api::{
     InferencePoliciesClient,
     inference::{InferenceTarget, inference_target},
+    signals::{self as signals_api, engine_signals_client::EngineSignalsClient},
 };
 use linkerd2_proxy_api::identity::identity_client::IdentityClient;
 use serde_json::{Value, json};
-use std::{net::SocketAddr, process::Stdio, sync::Arc, time::Duration};
+use std::{error::Error as _, net::SocketAddr, process::Stdio, sync::Arc, time::Duration};
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     process::{Child, Command},
@@ -32,6 +35,8 @@ use tokio::{
 
 const BIN: &str = env!("CARGO_BIN_EXE_kinference-policy-controller");
 const AUTHORITY: &str = "llm.default.svc.cluster.local:8000";
+/// The fixture's InferencePool, as a signal-service watch names it.
+const POOL_PATH: &str = "glm-5.3.default.inferencepool.kinference.io";
 const WEB_SPIFFE: &str = "spiffe://cluster.local/ns/apps/sa/web-sa";
 const BATCH_SPIFFE: &str = "spiffe://cluster.local/ns/apps/sa/batch-sa";
 const WEB_UID: &str = "11111111-0000-4000-8000-000000000001";
@@ -87,6 +92,7 @@ struct Cluster {
     grpc: SocketAddr,
     admin: SocketAddr,
     identity: SocketAddr,
+    signals: SocketAddr,
     _controller: Child,
 }
 
@@ -122,6 +128,8 @@ async fn start(lifetime: &str) -> Cluster {
             "127.0.0.1:0",
             "--identity-server-name",
             "localhost",
+            "--signals-addr",
+            "127.0.0.1:0",
         ])
         .args([
             "--identity-cert-lifetime",
@@ -167,6 +175,7 @@ async fn start(lifetime: &str) -> Cluster {
         grpc: field("grpc="),
         admin: field("admin="),
         identity: field("identity="),
+        signals: field("signals="),
         api,
         dir,
         roots,
@@ -224,16 +233,61 @@ impl Cluster {
 
     /// A channel to the discovery APIs over TLS, presenting `credentials` (none if `None`).
     fn channel(&self, credentials: Option<Arc<Credentials>>) -> tonic::transport::Channel {
+        self.channel_to(self.grpc, credentials)
+    }
+
+    /// A channel to the signal service over TLS, presenting `credentials` (none if `None`).
+    fn signals_channel(&self, credentials: Option<Arc<Credentials>>) -> tonic::transport::Channel {
+        self.channel_to(self.signals, credentials)
+    }
+
+    fn channel_to(
+        &self,
+        addr: SocketAddr,
+        credentials: Option<Arc<Credentials>>,
+    ) -> tonic::transport::Channel {
         let config = tls::client_config(self.roots.clone(), credentials).unwrap();
         TlsConnector::new(config, None).channel(
-            tonic::transport::Endpoint::from_shared(format!(
-                "https://localhost:{}",
-                self.grpc.port()
-            ))
-            .unwrap()
-            .connect_timeout(Duration::from_secs(5)),
+            tonic::transport::Endpoint::from_shared(format!("https://localhost:{}", addr.port()))
+                .unwrap()
+                .connect_timeout(Duration::from_secs(5)),
         )
     }
+}
+
+/// A workload certificate for `apps/web` from another authority than the issuer's.
+fn forged_credentials() -> Arc<Credentials> {
+    let (other_ca, other_key) = generate_ca("someone-else").unwrap();
+    let other = Issuer::from_pem(
+        other_ca.as_bytes(),
+        other_key.as_bytes(),
+        other_ca.as_bytes(),
+        "cluster.local",
+    )
+    .unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let csr = rcgen::CertificateParams::new(Vec::<String>::new())
+        .unwrap()
+        .serialize_request(&key)
+        .unwrap();
+    let issued = other
+        .issue_workload(
+            csr.der(),
+            &kinference_identity::WorkloadIdentity {
+                namespace: "apps".into(),
+                service_account: "web-sa".into(),
+                workload: "web".into(),
+            },
+            kinference_identity::clock::calendar_now(),
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+    let forged = Credentials::new();
+    forged.set(
+        tls::certified_key(vec![issued.leaf], key.serialize_der()).unwrap(),
+        issued.not_after,
+    );
+    forged
 }
 
 fn target(source_workload: &str) -> InferenceTarget {
@@ -279,37 +333,7 @@ async fn no_certificate_from_the_issuer_no_policy() {
     let e = get(cluster.channel(None), "apps/web").await.unwrap_err();
     assert!(refused_in_handshake(&e), "{e:?}");
     // A workload certificate from another authority, naming a real workload.
-    let (other_ca, other_key) = generate_ca("someone-else").unwrap();
-    let other = Issuer::from_pem(
-        other_ca.as_bytes(),
-        other_key.as_bytes(),
-        other_ca.as_bytes(),
-        "cluster.local",
-    )
-    .unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let csr = rcgen::CertificateParams::new(Vec::<String>::new())
-        .unwrap()
-        .serialize_request(&key)
-        .unwrap();
-    let issued = other
-        .issue_workload(
-            csr.der(),
-            &kinference_identity::WorkloadIdentity {
-                namespace: "apps".into(),
-                service_account: "web-sa".into(),
-                workload: "web".into(),
-            },
-            kinference_identity::clock::calendar_now(),
-            Duration::from_secs(3600),
-        )
-        .unwrap();
-    let forged = Credentials::new();
-    forged.set(
-        tls::certified_key(vec![issued.leaf], key.serialize_der()).unwrap(),
-        issued.not_after,
-    );
-    let e = get(cluster.channel(Some(forged)), "apps/web")
+    let e = get(cluster.channel(Some(forged_credentials())), "apps/web")
         .await
         .unwrap_err();
     assert!(refused_in_handshake(&e), "{e:?}");
@@ -318,6 +342,98 @@ async fn no_certificate_from_the_issuer_no_policy() {
     let web = cluster.certify("web-token", WEB_SPIFFE).await.unwrap();
     let policy = get(cluster.channel(Some(web)), "apps/web").await.unwrap();
     assert_eq!(policy.models.len(), 1, "{policy:?}");
+}
+
+/// The first message of a watch of `path` (the pool's snapshot), or why there is none.
+async fn watch(
+    channel: tonic::transport::Channel,
+    path: &str,
+) -> Result<signals_api::SignalsUpdate, tonic::Status> {
+    let mut client = EngineSignalsClient::new(channel);
+    let target = signals_api::SignalsTarget {
+        path: path.into(),
+        ..Default::default()
+    };
+    let first = async move {
+        let mut stream = client.watch(target).await?.into_inner();
+        stream
+            .message()
+            .await?
+            .ok_or_else(|| tonic::Status::aborted("the stream ended before its snapshot"))
+    };
+    tokio::time::timeout(TIMEOUT, first)
+        .await
+        .expect("answered")
+}
+
+/// One notice sent on `Notify`, and its acknowledgement.
+async fn notify(channel: tonic::transport::Channel) -> Result<(), tonic::Status> {
+    let batch = signals_api::NoticeBatch {
+        notices: vec![signals_api::Notice {
+            path: POOL_PATH.into(),
+            addr: "10.1.0.1:8001".into(),
+            sender: "identity-test".into(),
+            ..Default::default()
+        }],
+    };
+    let mut client = EngineSignalsClient::new(channel);
+    let call = client.notify(tokio_stream::iter([batch]));
+    tokio::time::timeout(TIMEOUT, call)
+        .await
+        .expect("answered")
+        .map(|_| ())
+}
+
+#[tokio::test]
+async fn no_certificate_from_the_issuer_no_signals() {
+    let cluster = start("1h").await;
+    // Plaintext, as every sidecar could in local mode.
+    let plain = || {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.signals))
+            .unwrap()
+            .connect_lazy()
+    };
+    // The server's answer to an HTTP/2 preface is a TLS alert, which h2 reads as a broken frame
+    // (Internal) or a closed connection: never an answer of the service.
+    let plaintext_refused = |e: &tonic::Status| {
+        refused_in_handshake(e) || e.code() == tonic::Code::Internal && e.source().is_some()
+    };
+    let e = watch(plain(), POOL_PATH).await.unwrap_err();
+    assert!(plaintext_refused(&e), "{e:?}");
+    let e = notify(plain()).await.unwrap_err();
+    assert!(plaintext_refused(&e), "{e:?}");
+    // TLS without a client certificate.
+    let e = watch(cluster.signals_channel(None), POOL_PATH)
+        .await
+        .unwrap_err();
+    assert!(refused_in_handshake(&e), "{e:?}");
+    let e = notify(cluster.signals_channel(None)).await.unwrap_err();
+    assert!(refused_in_handshake(&e), "{e:?}");
+    // A workload certificate from another authority.
+    let forged = forged_credentials();
+    let e = watch(cluster.signals_channel(Some(forged.clone())), POOL_PATH)
+        .await
+        .unwrap_err();
+    assert!(refused_in_handshake(&e), "{e:?}");
+    let e = notify(cluster.signals_channel(Some(forged)))
+        .await
+        .unwrap_err();
+    assert!(refused_in_handshake(&e), "{e:?}");
+
+    // The issuer's certificate is served: the pool's snapshot, the service's own refusal of a
+    // path that names no pool (not the handshake's), and an acknowledged notice.
+    let web = cluster.certify("web-token", WEB_SPIFFE).await.unwrap();
+    let channel = cluster.signals_channel(Some(web));
+    let snapshot = watch(channel.clone(), POOL_PATH).await.unwrap();
+    assert!(
+        snapshot.full && snapshot.version == 1,
+        "the first message is the pool's snapshot: {snapshot:?}"
+    );
+    let e = watch(channel.clone(), "llm.default.svc.cluster.local")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    notify(channel).await.unwrap();
 }
 
 #[tokio::test]

@@ -3,6 +3,10 @@
 //! The first message is the pool's snapshot; after it each change of the pool's state becomes a
 //! message with what changed ([`crate::delta`]). The stream is pulled by the transport: a sidecar
 //! that reads slowly makes its stream skip states, never the controller queue them.
+//!
+//! The service is served in plaintext ([`SignalsServer::bind`], local mode) or over mutual TLS
+//! ([`SignalsServer::bind_tls`], a controller with an identity issuer), by the same rule as the
+//! controller's policy gRPC.
 
 use crate::{
     delta,
@@ -56,7 +60,31 @@ where
             .await
     }
 
-    /// Binds `addr` and serves there; the bound address comes back with the server's future.
+    /// Serves the service alone over mutual TLS with `tls` on `listener` until `shutdown`
+    /// completes, as the controller serves its policy gRPC: `tls` must require client
+    /// certificates ([`kinference_identity::tls::mutual_server_config`]'s does), so a client
+    /// without a workload certificate from the trust anchors (plaintext, no certificate, one
+    /// from another authority) never completes a handshake and never reaches `Watch` or `Notify`.
+    pub async fn serve_tls(
+        self,
+        listener: TcpListener,
+        tls: Arc<rustls::ServerConfig>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error> {
+        let incoming = kinference_identity::accept::incoming(
+            listener,
+            tls,
+            kinference_identity::accept::ClientAuth::Workload,
+            "signals",
+        );
+        tonic::transport::Server::builder()
+            .add_service(self.svc())
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+    }
+
+    /// Binds `addr` and serves there, in plaintext; the bound address comes back with the
+    /// server's future.
     pub async fn bind(
         self,
         addr: SocketAddr,
@@ -68,6 +96,21 @@ where
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         Ok((local, self.serve(listener, shutdown)))
+    }
+
+    /// As [`Self::bind`], over mutual TLS with `tls` ([`Self::serve_tls`]).
+    pub async fn bind_tls(
+        self,
+        addr: SocketAddr,
+        tls: Arc<rustls::ServerConfig>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<(
+        SocketAddr,
+        impl Future<Output = Result<(), tonic::transport::Error>> + Send,
+    )> {
+        let listener = TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        Ok((local, self.serve_tls(listener, tls, shutdown)))
     }
 }
 

@@ -164,6 +164,13 @@ pub fn spawn_pool(params: PoolParams) -> PoolStream {
 }
 
 /// A channel endpoint for each of the service's addresses.
+///
+/// Plaintext (h2c), by the rule of the proxy's policy channel (`kinference-proxy-discovery`): TLS
+/// exactly when the proxy has a workload identity, whatever the URI's scheme (`--signals-addr` and
+/// the policy's `signals_addrs` are `http://` either way). The proxy has none yet (it does not
+/// certify itself), so both channels are plaintext, which a controller with an identity issuer
+/// refuses on both listeners; when it has one, both are to dial with
+/// `kinference_identity::connect::TlsConnector` and its credentials.
 fn endpoints(config: &ServiceConfig) -> Vec<(http::Uri, tonic::transport::Endpoint)> {
     config
         .addrs
