@@ -61,6 +61,10 @@ pub struct Candidate {
     pub(crate) slot: u32,
     #[serde(skip)]
     pub(crate) generation: u32,
+    /// The endpoint's precise mirror answered the prefix lookup (so the approximate index need not
+    /// record the prompt there, [`crate::Router::dispatch`]).
+    #[serde(skip)]
+    pub(crate) precise_lookup: bool,
 }
 
 /// An endpoint left out, and why.

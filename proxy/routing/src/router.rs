@@ -604,6 +604,7 @@ impl Router {
                     p2c: None,
                     slot,
                     generation: s.generation,
+                    precise_lookup: precise.is_some(),
                 });
             }
         }
@@ -873,7 +874,12 @@ impl Router {
             st.pending_prompts
                 .push((request_id, Arc::from(prompt.hashes())));
         }
-        self.approx.record(c.slot, prompt);
+        // An endpoint whose precise mirror answered for this prompt is never asked the
+        // approximate index for it: recording there would only spend memory (a sidecar's
+        // approximate indexes fill to their caches' size).
+        if !c.precise_lookup {
+            self.approx.record(c.slot, prompt);
+        }
         if let Some(key) = affinity::key(prompt, &self.config.affinity) {
             self.seen_keys.touch(key);
             self.seen_keys.evict_over_capacity(|_| ());

@@ -370,7 +370,8 @@ fn precise_index_answers_for_endpoints_with_kv_events() {
     )
     .unwrap();
     let hasher = FixedHasher((100..108).chain([999, 108]).collect());
-    let blocks = prompt("no approximate overlap anywhere");
+    let blocks = prompt(&"no approximate overlap anywhere ".repeat(8));
+    assert!(blocks.hashes().len() >= 3);
     let mut req = request(glm, &cands, 200, &blocks);
     req.block_hasher = Some(&hasher);
     let d = r.decide(&req, t(1.1), &mut ChaCha8Rng::seed_from_u64(0));
@@ -391,6 +392,16 @@ fn precise_index_answers_for_endpoints_with_kv_events() {
     assert_eq!(c1.prediction.duplicate_tokens, 0);
     assert_eq!(d.chosen_endpoint(), Some(&e1));
     assert_eq!(d.reason, Reason::LowestPredictedTtft);
+    // Sent to e1, whose mirror answered: its approximate index does not record the prompt (it is
+    // never asked for e1 while the mirror answers); sent to e0, it does.
+    let before = r.approx_blocks(&e1).unwrap().0;
+    r.dispatch(&d, &blocks, t(1.1)).unwrap();
+    assert_eq!(r.approx_blocks(&e1).unwrap().0, before);
+    let mut to_e0 = d.clone();
+    to_e0.chosen = d.candidates.iter().position(|c| c.endpoint != e1);
+    r.dispatch(&to_e0, &blocks, t(1.1)).unwrap();
+    let e0 = to_e0.chosen_endpoint().unwrap().clone();
+    assert_eq!(r.approx_blocks(&e0).unwrap().0, blocks.hashes().len());
     // Without the duplicate-prefix charge the two tie.
     let mut config = RouterConfig::default();
     config.predict.miss_cost_weight = 0.0;
