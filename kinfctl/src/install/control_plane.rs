@@ -476,6 +476,10 @@ impl Context<'_> {
                         "--signals-interval-ms={}",
                         self.v.signals.interval_ms
                     ));
+                    args.push(format!(
+                        "--signals-load-interval-ms={}",
+                        self.v.signals.load_interval_ms
+                    ));
                 }
                 args
             }),

@@ -147,6 +147,7 @@ pub struct Signals {
     pub enabled: bool,
     pub port: i32,
     pub interval_ms: u64,
+    pub load_interval_ms: u64,
 }
 
 /// The controller's NetworkPolicy.

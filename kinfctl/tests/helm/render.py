@@ -59,7 +59,7 @@ CASES = [
     ("control-plane-no-network-policy", "kinference", "kinference",
      ["networkPolicy.enabled=false"], ["--namespace", "kinference"]),
     ("control-plane-signals", "kinference", "kinference",
-     ["signals.enabled=true,signals.port=8093"], ["--namespace", "kinference"]),
+     ["signals.enabled=true,signals.port=8093,signals.loadIntervalMs=20"], ["--namespace", "kinference"]),
     # One replica judges rollouts alone: no peers Service, env or NetworkPolicy rule.
     ("control-plane-one-replica", "kinference", "kinference",
      ["controller.replicas=1"], ["--namespace", "kinference"]),
