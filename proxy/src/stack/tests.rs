@@ -685,8 +685,7 @@ async fn a_silent_endpoint_is_left_at_the_derived_first_byte_wait() {
     assert!(text.contains(r#"reason="timeout"} 1"#), "{text}");
 }
 
-// Paused: the budget refills with time, and a slow machine must not refill it mid-test.
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn retries_stop_when_the_retry_budget_is_spent() {
     // Port 1 answers 503, port 2 200; failure accrual off, so only the budget stops retries:
     // no share of requests, one retry a second over 10 s (10 in reserve).
