@@ -413,6 +413,30 @@ async fn follow<P: Probe>(
     }
 }
 
+/// An endpoint's `ok` and `error` counters in a family of reads.
+fn ok_and_error(
+    family: &prometheus_client::metrics::family::Family<
+        ScrapeLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    pool: &str,
+    endpoint: &str,
+) -> (
+    prometheus_client::metrics::counter::Counter,
+    prometheus_client::metrics::counter::Counter,
+) {
+    let counter = |result| {
+        family
+            .get_or_create(&ScrapeLabels {
+                pool: pool.to_string(),
+                endpoint: endpoint.to_string(),
+                result,
+            })
+            .clone()
+    };
+    (counter("ok"), counter("error"))
+}
+
 async fn scrape_loop<P: Probe>(
     addr: SocketAddr,
     tx: Arc<watch::Sender<PoolState>>,
@@ -427,17 +451,7 @@ async fn scrape_loop<P: Probe>(
         ..
     } = reader;
     let key = addr.to_string();
-    let counter = |result| {
-        metrics
-            .scrapes
-            .get_or_create(&ScrapeLabels {
-                pool: pool.clone(),
-                endpoint: key.clone(),
-                result,
-            })
-            .clone()
-    };
-    let (ok, error) = (counter("ok"), counter("error"));
+    let (ok, error) = ok_and_error(&metrics.scrapes, &pool, &key);
     let mut reads = 0u64;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -494,17 +508,7 @@ async fn load_loop<P: Probe>(
         ..
     } = reader;
     let key = addr.to_string();
-    let counter = |result| {
-        metrics
-            .load_reads
-            .get_or_create(&ScrapeLabels {
-                pool: pool.clone(),
-                endpoint: key.clone(),
-                result,
-            })
-            .clone()
-    };
-    let (ok, error) = (counter("ok"), counter("error"));
+    let (ok, error) = ok_and_error(&metrics.load_reads, &pool, &key);
     let mut tick = tokio::time::interval(load_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -355,52 +355,48 @@ impl Applied {
             .get_or_create(&p.labels)
             .clone();
         for r in &update.readings {
-            let Ok(addr) = r.addr.parse::<SocketAddr>() else {
-                continue;
-            };
             if self.seq.get(&r.addr) == Some(&r.read_seq) {
                 continue;
             }
-            let id = EndpointId::from(addr.to_string());
-            // Only this pool's endpoints as this proxy's policy knows them.
-            if p.table
-                .info(&id)
-                .is_none_or(|e| e.destination != p.destination)
-            {
+            let Some(id) = pool_endpoint(&r.addr, p) else {
                 continue;
-            }
+            };
             self.seq.insert(r.addr.clone(), r.read_seq);
             ages.observe(r.age_ms as f64 / 1000.0);
-            let read_at = arrived
-                .checked_sub(Duration::from_millis(r.age_ms))
-                .unwrap_or(arrived);
-            p.router
-                .observe_scrape(&id, &scrape_of(r), clock.time_of(read_at));
+            let at = clock.time_of(read_at(arrived, r.age_ms));
+            p.router.observe_scrape(&id, &scrape_of(r), at);
         }
         // `GET /load`, dated on its own: the router keeps each signal's time, so a load newer
         // than the metrics moves only the server load (and the notices' reconciliation).
         for l in &update.loads {
-            let Ok(addr) = l.addr.parse::<SocketAddr>() else {
+            let Some(id) = pool_endpoint(&l.addr, p) else {
                 continue;
             };
-            let id = EndpointId::from(addr.to_string());
-            if p.table
-                .info(&id)
-                .is_none_or(|e| e.destination != p.destination)
-            {
-                continue;
-            }
-            let read_at = arrived
-                .checked_sub(Duration::from_millis(l.age_ms))
-                .unwrap_or(arrived);
             let scrape = Scrape {
                 server_load: Some(l.server_load),
                 ..Scrape::default()
             };
-            p.router
-                .observe_scrape(&id, &scrape, clock.time_of(read_at));
+            let at = clock.time_of(read_at(arrived, l.age_ms));
+            p.router.observe_scrape(&id, &scrape, at);
         }
     }
+}
+
+/// The endpoint at `addr` if it is one of this pool's as this proxy's policy knows them.
+fn pool_endpoint(addr: &str, p: &PoolParams) -> Option<EndpointId> {
+    let addr = addr.parse::<SocketAddr>().ok()?;
+    let id = EndpointId::from(addr.to_string());
+    p.table
+        .info(&id)
+        .is_some_and(|e| e.destination == p.destination)
+        .then_some(id)
+}
+
+/// When a reading `age_ms` old on arrival at `arrived` was read.
+fn read_at(arrived: Instant, age_ms: u64) -> Instant {
+    arrived
+        .checked_sub(Duration::from_millis(age_ms))
+        .unwrap_or(arrived)
 }
 
 /// Applies the other sidecars' notices in `update` to the router.

@@ -129,6 +129,12 @@ impl StampedSet {
         if self.len >= self.capacity {
             self.evict_one();
         }
+        self.place(h, stamp);
+        true
+    }
+
+    /// Puts `h` (not 0, not held) in the first empty slot from its home.
+    fn place(&mut self, h: u64, stamp: u32) {
         let n = self.keys.len();
         let mut i = self.home(h);
         while self.keys[i] != EMPTY {
@@ -137,7 +143,6 @@ impl StampedSet {
         self.keys[i] = h;
         self.stamps[i] = stamp;
         self.len += 1;
-        true
     }
 
     pub(crate) fn remove(&mut self, h: BlockHash) -> bool {
@@ -251,14 +256,7 @@ impl StampedSet {
             table.len = usize::from(self.zero.is_some());
             for (&k, &s) in self.keys.iter().zip(&self.stamps) {
                 if k != EMPTY {
-                    let n = table.keys.len();
-                    let mut i = table.home(k);
-                    while table.keys[i] != EMPTY {
-                        i = if i + 1 == n { 0 } else { i + 1 };
-                    }
-                    table.keys[i] = k;
-                    table.stamps[i] = s;
-                    table.len += 1;
+                    table.place(k, s);
                 }
             }
             *self = table;
