@@ -313,11 +313,13 @@ async fn check(schedule: &Schedule, candidate: Patch, candidate_moved: f64) -> (
         Some(candidate_moved)
     );
     // The routing is reproduced: the replay moves the share of A's requests that moved live,
-    // within the live share's sampling error (decisions near a tie flip with timing): 2.5
-    // binomial standard errors, and at least 5 points.
+    // within sampling error (decisions near a tie flip with timing, live and replayed alike):
+    // 2.5 standard errors of the difference of two shares of n requests at their pooled share,
+    // and at least 5 points.
     let predicted_moved = report["current"]["moved_share"].as_f64().unwrap();
     let live_moved = moved(&a) as f64 / a.len() as f64;
-    let tolerance = (2.5 * (live_moved * (1.0 - live_moved) / a.len() as f64).sqrt()).max(0.05);
+    let pooled = (predicted_moved + live_moved) / 2.0;
+    let tolerance = (2.5 * (pooled * (1.0 - pooled) * 2.0 / a.len() as f64).sqrt()).max(0.05);
     assert!(
         (predicted_moved - live_moved).abs() <= tolerance,
         "moved: predicted {predicted_moved}, live {live_moved}, tolerance {tolerance:.3}"
