@@ -414,6 +414,7 @@ impl RouterHandle {
         {
             let notice = Notice::Complete {
                 id: handle.request_id(),
+                at: now,
             };
             let _ = tap.try_send(OwnNotice {
                 endpoint,

@@ -482,3 +482,124 @@ async fn an_engine_change_reaches_the_sidecars() {
         q(&mut via_scrape, 1.0),
     );
 }
+
+/// Other proxies' requests pending on all endpoints, as `c`'s notices show them.
+async fn others_pending(c: &ProxyClient) -> u64 {
+    c.endpoints()
+        .await
+        .iter()
+        .map(|e| e["others_pending_requests"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// A request sent through one proxy reaches the others' ledgers as a notice (dispatch), and leaves
+/// them when it completes; the time from sending it to another proxy showing it is what the fleet
+/// benchmark's `--notice-delay-ms` models, set against the time from sending it to its engine
+/// holding it (both hold the sender's own decision, and each poll's 1 ms sleep).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dispatch_reaches_the_other_sidecars() {
+    let stack = start_stack().await;
+    let signals = stack
+        .controller
+        .signals
+        .expect("the controller serves signals");
+    let mesh = spawn_mesh(&stack, 3, &[signals]).await;
+    wait_for_source(&mesh, stack.sims.len(), "service", Duration::from_secs(30)).await;
+    answered_by_all(&mesh, "warm").await;
+    let (sender, others) = (&mesh[0].1, &mesh[1..]);
+    let http = reqwest::Client::new();
+    let (mut seen_ms, mut engine_ms, mut after_engine_ms) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..40 {
+        for (_, c) in others {
+            wait_until(
+                "no other proxy's request pending",
+                Duration::from_secs(30),
+                || async { (others_pending(c).await == 0).then_some(()) },
+            )
+            .await;
+        }
+        let body = json!({"model": "glm-5.3", "messages": [{"role": "user", "content": format!("round {round}")}], "max_tokens": 60});
+        let sent = Instant::now();
+        let request = {
+            let (c, body) = (sender.clone(), body.clone());
+            tokio::spawn(async move {
+                let rsp = c.post_chat(&body, &format!("notice-{round}")).await;
+                rsp.status().as_u16()
+            })
+        };
+        let seen = others.iter().map(|(_, c)| async move {
+            let f = async {
+                while others_pending(c).await == 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(10), f)
+                .await
+                .expect("every dispatch is noticed");
+            sent.elapsed().as_secs_f64() * 1e3
+        });
+        let at_engine = async {
+            let f = async {
+                while engines_load(&http, &stack).await == 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(10), f)
+                .await
+                .expect("the request reaches an engine");
+            sent.elapsed().as_secs_f64() * 1e3
+        };
+        let (seen, at_engine) = tokio::join!(futures::future::join_all(seen), at_engine);
+        after_engine_ms.extend(seen.iter().map(|ms| ms - at_engine));
+        seen_ms.extend(seen);
+        engine_ms.push(at_engine);
+        assert_eq!(request.await.unwrap(), 200, "round {round}");
+    }
+    // Completions take the requests back out of every other ledger.
+    for (i, (_, c)) in others.iter().enumerate() {
+        wait_until(
+            &format!("proxy {} forgets the completed requests", i + 1),
+            Duration::from_secs(30),
+            || async { (others_pending(c).await == 0).then_some(()) },
+        )
+        .await;
+    }
+    let q = |v: &mut Vec<f64>, p: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * p).round() as usize]
+    };
+    eprintln!(
+        "sent through one proxy, ms: at the engine p50 {:.1} p90 {:.1} p99 {:.1} ({} samples); \
+         noticed by another proxy p50 {:.1} p90 {:.1} p99 {:.1} max {:.1} ({} samples); \
+         noticed less at the engine, same round, p50 {:.1} p90 {:.1} p99 {:.1}",
+        q(&mut engine_ms, 0.5),
+        q(&mut engine_ms, 0.9),
+        q(&mut engine_ms, 0.99),
+        engine_ms.len(),
+        q(&mut seen_ms, 0.5),
+        q(&mut seen_ms, 0.9),
+        q(&mut seen_ms, 0.99),
+        q(&mut seen_ms, 1.0),
+        seen_ms.len(),
+        q(&mut after_engine_ms, 0.5),
+        q(&mut after_engine_ms, 0.9),
+        q(&mut after_engine_ms, 0.99),
+    );
+}
+
+/// Requests the simulators' API servers hold (`GET /load` of each, summed).
+async fn engines_load(http: &reqwest::Client, stack: &Stack) -> u64 {
+    let mut total = 0;
+    for sim in &stack.sims {
+        let load: Value = http
+            .get(format!("http://{}/load", sim.addr))
+            .send()
+            .await
+            .expect("the simulator answers")
+            .json()
+            .await
+            .expect("/load is JSON");
+        total += load["server_load"].as_u64().unwrap_or(0);
+    }
+    total
+}

@@ -9,7 +9,15 @@ use std::{cmp::Ordering, collections::BinaryHeap, sync::Arc};
 
 use kinference_sim::{KvEvent, SimTime};
 
-use crate::strategy::PeerEvent;
+use crate::{sidecar::Scraped, strategy::PeerEvent};
+
+/// One replica's reading by the signal service: its metrics (with `GET /load`), or `GET /load`
+/// alone, read at `at`.
+#[derive(Copy, Clone, Debug)]
+pub enum Reading {
+    Metrics(Scraped),
+    Load { at: SimTime, server_load: u32 },
+}
 
 /// Something that happens at an instant.
 #[derive(Debug)]
@@ -25,6 +33,11 @@ pub enum Event {
     StepEnd { replica: usize },
     /// Router instance `sidecar` (a sidecar or a picker replica) scrapes every replica's metrics.
     Scrape { sidecar: usize },
+    /// The signal service reads every replica (arms with `:signals`): `GET /load` at every
+    /// read, the metrics too when their interval has passed.
+    SignalsRead,
+    /// What the signal service read reaches every sidecar, one hop later.
+    SignalsDelivery { readings: Arc<Vec<Reading>> },
     /// Another instance's replica-sync message reaches router instance `instance`.
     Peer { instance: usize, event: PeerEvent },
     /// KV events that replica `replica` published at the end of a step reach the sidecars.

@@ -52,6 +52,10 @@ struct Args {
     /// How long a notice takes through the signal plane, for arms with `:signals`.
     #[arg(long, default_value_t = 2)]
     notice_delay_ms: u64,
+    /// How often the signal service reads each replica's `GET /load` apart from its metrics, for
+    /// arms with `:signals` (the service's `--signals-load-interval-ms`).
+    #[arg(long, default_value_t = 10)]
+    signals_load_interval_ms: u64,
     /// The share of notice deliveries lost, for arms with `:signals` (0 to 1).
     #[arg(long, default_value_t = 0.0)]
     notice_loss: f64,
@@ -115,6 +119,7 @@ fn main() -> anyhow::Result<()> {
             kv_event_delay: Duration::from_millis(args.kv_event_delay_ms),
             notice_delay: Duration::from_millis(args.notice_delay_ms),
             notice_loss: args.notice_loss,
+            signals_load_interval: Duration::from_millis(args.signals_load_interval_ms.max(1)),
             seed: args.seed,
             server_load: !args.no_server_load,
             kinference,

@@ -137,6 +137,9 @@ pub struct CellResult {
     /// `Prediction::ranked_ttft_s`).
     pub ranked_mape: Option<f64>,
     pub wall_s: f64,
+    /// Reads (`/metrics` and `GET /load`, each one HTTP request) on each replica per simulated
+    /// second, over the run: what the mesh costs the engines (issue 21).
+    pub engine_reads_per_s: f64,
     /// Per class and tenant (the workloads whose requests carry service classes).
     pub admission: Option<admission::AdmissionResult>,
 }
@@ -331,6 +334,7 @@ impl CellResult {
             prediction_p90_abs_err_ms: p90_err,
             ranked_mape: mape(&ranked),
             wall_s,
+            engine_reads_per_s: 0.0,
             admission: admission::AdmissionResult::of(outcomes),
         }
     }
@@ -355,7 +359,7 @@ impl CellResult {
 pub const CSV_HEADER: &str = "workload,strategy,load_rps,requests,completed,rejected,ttft_mean_ms,ttft_p50_ms,\
 ttft_p90_ms,ttft_p99_ms,itl_mean_ms,e2e_mean_s,e2e_p90_s,output_tokens_per_s,prefix_hit_rate,load_cv,\
 preemptions,prediction_mape,prediction_p90_abs_err_ms,ranked_mape,kind,instances,reads_server_load,true_priors,\
-top_decile_p90_ms,top_decile_p99_ms,cost_per_1k_usd,moved_share,moved_by_rule,never_eligible_p90_ms";
+top_decile_p90_ms,top_decile_p99_ms,cost_per_1k_usd,moved_share,moved_by_rule,never_eligible_p90_ms,engine_reads_per_s";
 
 /// The results as CSV (no wall-clock column: the file depends only on the seed).
 pub fn to_csv(results: &[CellResult]) -> String {
@@ -365,7 +369,7 @@ pub fn to_csv(results: &[CellResult]) -> String {
     for r in results {
         let _ = writeln!(
             s,
-            "{},{},{:.3},{},{},{},{:.1},{:.1},{:.1},{:.1},{:.2},{:.3},{:.3},{:.1},{:.4},{:.4},{},{},{},{},{},{},{},{},{:.1},{:.1},{},{},{},{}",
+            "{},{},{:.3},{},{},{},{:.1},{:.1},{:.1},{:.1},{:.2},{:.3},{:.3},{:.1},{:.4},{:.4},{},{},{},{},{},{},{},{},{:.1},{:.1},{},{},{},{},{:.1}",
             r.workload,
             r.strategy,
             r.load_rps,
@@ -397,6 +401,7 @@ pub fn to_csv(results: &[CellResult]) -> String {
             r.rules_field(),
             r.never_eligible_p90_ms
                 .map_or(String::new(), |x| format!("{x:.1}")),
+            r.engine_reads_per_s,
         );
     }
     s

@@ -18,7 +18,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::{
     arm::Arm,
-    des::{Event, EventQueue},
+    des::{Event, EventQueue, Reading},
     fleet::{self, FleetError, Replica, ReplicaInfo},
     priors::PriorFactors,
     report::{CellResult, Outcome, ReplicaTruth},
@@ -51,6 +51,11 @@ pub struct RunConfig {
     /// Whether the replicas answer vLLM's `GET /load` (`--enable-server-load-tracking`), polled
     /// with every scrape by the arms that read it.
     pub server_load: bool,
+    /// For arms with `:signals`, the sidecars do not scrape: the signal service reads every
+    /// replica's metrics each `scrape_interval` and its `GET /load` apart this often (its
+    /// `--signals-load-interval-ms`), and each reading reaches every sidecar one hop (half of
+    /// `notice_delay`) after it was read.
+    pub signals_load_interval: Duration,
     /// The routing core's settings for the Kinference strategy (its defaults unless a sweep
     /// overrides them with `--kinference-set`).
     pub kinference: kinference_routing::RouterConfig,
@@ -67,6 +72,7 @@ impl Default for RunConfig {
             notice_loss: 0.0,
             seed: 1,
             server_load: true,
+            signals_load_interval: Duration::from_millis(10),
             kinference: kinference_routing::RouterConfig::default(),
         }
     }
@@ -339,17 +345,33 @@ pub fn run_cell_with(
         recs.push(new_rec(spec, (!s.turns.is_empty()).then_some((si, 0))));
     }
     let mut outstanding = recs.len();
-    // The oracle reads the truth at every decision instead of scraping.
-    for i in (0..n_sidecars).filter(|_| !sees_truth) {
+    // The oracle reads the truth at every decision instead of scraping; through the signal
+    // service, the service reads once for every sidecar.
+    let via_service = arm.signals && !sees_truth;
+    for i in (0..n_sidecars).filter(|_| !sees_truth && !via_service) {
         let phase = cfg.scrape_interval.mul_f64(i as f64 / n_sidecars as f64);
         q.push(phase, Event::Scrape { sidecar: i });
     }
+    if via_service {
+        q.push(SimTime::ZERO, Event::SignalsRead);
+    }
+    let hop = cfg.notice_delay / 2;
+    let load_interval = if reads_load {
+        cfg.signals_load_interval.min(cfg.scrape_interval)
+    } else {
+        cfg.scrape_interval
+    };
+    let mut next_metrics = SimTime::ZERO;
+    // HTTP reads of the replicas' `/metrics` and `GET /load`, over all replicas.
+    let mut engine_reads = 0u64;
+    let mut last_event = SimTime::ZERO;
     let mut preemptions = 0u64;
     // What each replica's API server holds: +1 when a request is submitted, −1 when it finishes.
     let mut server_load = vec![0u32; replicas.len()];
 
     while outstanding > 0 {
         let Some((now, event)) = q.pop() else { break };
+        last_event = now;
         match event {
             Event::Arrival { req, released } => {
                 if !released {
@@ -495,7 +517,11 @@ pub fn run_cell_with(
                                 rec.sidecar,
                                 n_sidecars,
                                 now,
-                                PeerEvent::FirstToken { id, replica },
+                                PeerEvent::FirstToken {
+                                    id,
+                                    replica,
+                                    at: now,
+                                },
                             );
                         }
                         EngineEvent::Token { id, .. } => {
@@ -523,7 +549,11 @@ pub fn run_cell_with(
                                 rec.sidecar,
                                 n_sidecars,
                                 now,
-                                PeerEvent::Complete { id, replica },
+                                PeerEvent::Complete {
+                                    id,
+                                    replica,
+                                    at: now,
+                                },
                             );
                             outstanding -= 1;
                             if let Some((si, ti)) = rec.next_turn {
@@ -645,6 +675,7 @@ pub fn run_cell_with(
                 admission.schedule_tick(&mut q, rec.sidecar, now);
             }
             Event::Scrape { sidecar } => {
+                engine_reads += replicas.len() as u64 * (1 + u64::from(reads_load));
                 let Sidecar { state, router, .. } = &mut sidecars[sidecar];
                 for (r, rep) in replicas.iter().enumerate() {
                     state.scraped[r] = Some(scrape(rep, now, reads_load.then_some(server_load[r])));
@@ -657,6 +688,56 @@ pub fn run_cell_with(
                 };
                 router.on_scrape(&view);
                 q.push(now + cfg.scrape_interval, Event::Scrape { sidecar });
+            }
+            Event::SignalsRead => {
+                let metrics = now >= next_metrics;
+                if metrics {
+                    next_metrics = now + cfg.scrape_interval;
+                }
+                engine_reads += replicas.len() as u64 * u64::from(metrics || reads_load)
+                    + replicas.len() as u64 * u64::from(metrics && reads_load);
+                let readings: Vec<Reading> = replicas
+                    .iter()
+                    .enumerate()
+                    .map(|(r, rep)| match metrics {
+                        true => {
+                            Reading::Metrics(scrape(rep, now, reads_load.then_some(server_load[r])))
+                        }
+                        false => Reading::Load {
+                            at: now,
+                            server_load: server_load[r],
+                        },
+                    })
+                    .collect();
+                q.push(
+                    now + hop,
+                    Event::SignalsDelivery {
+                        readings: Arc::new(readings),
+                    },
+                );
+                q.push(now + load_interval, Event::SignalsRead);
+            }
+            Event::SignalsDelivery { readings } => {
+                for Sidecar { state, router, .. } in &mut sidecars {
+                    let mut metrics = false;
+                    for (r, reading) in readings.iter().enumerate() {
+                        match *reading {
+                            Reading::Metrics(s) => {
+                                state.scraped[r] = Some(s);
+                                metrics = true;
+                            }
+                            Reading::Load { at, server_load } => router.on_load(r, server_load, at),
+                        }
+                    }
+                    if metrics {
+                        router.on_scrape(&View {
+                            now,
+                            replicas: &infos,
+                            scraped: &state.scraped,
+                            own_inflight: &state.own_inflight,
+                        });
+                    }
+                }
             }
             Event::KvDelivery { replica, events } => {
                 for sc in &mut sidecars {
@@ -720,6 +801,10 @@ pub fn run_cell_with(
     cell.instances = n_sidecars;
     cell.reads_server_load = reads_load;
     cell.true_priors = arm.true_priors;
+    let span_s = last_event.as_secs_f64();
+    if span_s > 0.0 && !replicas.is_empty() {
+        cell.engine_reads_per_s = engine_reads as f64 / replicas.len() as f64 / span_s;
+    }
     Ok((cell, outcomes))
 }
 

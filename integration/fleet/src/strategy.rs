@@ -97,6 +97,10 @@ pub trait Router: Send + std::fmt::Debug {
     /// Another instance of the same strategy published what it did (HA replica sync; only
     /// strategies with [`StrategyKind::replica_sync`] receive these).
     fn on_peer(&mut self, _event: &PeerEvent, _now: SimTime) {}
+
+    /// `GET /load` of `replica`, read at `at` apart from its metrics (the signal service's
+    /// faster load loop, arms with `:signals`).
+    fn on_load(&mut self, _replica: usize, _server_load: u32, _at: SimTime) {}
     /// Whether, and how, a request of `class` is held while it is predicted to miss its
     /// objective; `None`: sent at once (every peer forwards everything).
     fn admission(&self, _class: &str) -> Option<Admission> {
@@ -115,10 +119,18 @@ pub enum PeerEvent {
         /// Kinference's notice of it, with the sender's prediction (the signal plane).
         notice: Option<kinference_routing::Notice>,
     },
-    /// Request `id` produced its first token on `replica`.
-    FirstToken { id: u64, replica: usize },
-    /// Request `id` finished on `replica`.
-    Complete { id: u64, replica: usize },
+    /// Request `id` produced its first token on `replica` at `at`.
+    FirstToken {
+        id: u64,
+        replica: usize,
+        at: SimTime,
+    },
+    /// Request `id` finished on `replica` at `at`.
+    Complete {
+        id: u64,
+        replica: usize,
+        at: SimTime,
+    },
 }
 
 /// How a system is deployed.

@@ -376,3 +376,31 @@ fn admission_holds_what_would_miss_refuses_with_a_reason_and_answers_every_reque
     let sheddable = a.class("Sheddable").unwrap().served as f64 / served as f64;
     assert!(sheddable >= 0.1, "{sheddable}");
 }
+
+/// Through the signal service the engines are read once whatever the mesh's size (metrics every
+/// 50 ms, `GET /load` every 10 ms: 120 reads a second on each replica); each sidecar that scrapes
+/// on its own reads both every 50 ms, 40 a second times the mesh.
+#[test]
+fn through_the_signal_service_the_engines_are_read_once_for_the_whole_mesh() {
+    let labels = [
+        "kinference@1:signals",
+        "kinference@4:signals",
+        "kinference@16:signals",
+        "kinference@1",
+        "kinference@4",
+    ];
+    let arms = labels.iter().map(|l| Arm::parse(l).unwrap()).collect();
+    let results = suite::run(&plan(vec![WorkloadKind::Azure], arms, 1)).unwrap();
+    let reads = |label: &str| cell(&results, "azure", label).engine_reads_per_s;
+    for label in &labels[..3] {
+        let r = reads(label);
+        assert!((r - 120.0).abs() < 2.0, "{label}: {r} reads/s");
+    }
+    for (label, mesh) in [(labels[3], 1.0), (labels[4], 4.0)] {
+        let r = reads(label);
+        assert!((r - 40.0 * mesh).abs() < 2.0, "{label}: {r} reads/s");
+    }
+    for r in &results {
+        assert_eq!(r.completed + r.rejected, r.requests, "{}", r.strategy);
+    }
+}

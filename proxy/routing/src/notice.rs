@@ -28,8 +28,9 @@ pub enum Notice {
     Dispatch(InFlightRequest),
     /// Request `id` had its first token at `at`.
     FirstToken { id: u64, at: Time },
-    /// Request `id` completed (or failed).
-    Complete { id: u64 },
+    /// Request `id` completed (or failed) at `at`: one that had its first token teaches the
+    /// endpoint's service time, as an own one does.
+    Complete { id: u64, at: Time },
 }
 
 impl Notice {

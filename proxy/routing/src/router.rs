@@ -143,7 +143,8 @@ struct EndpointState {
     /// Other proxies' requests here, from notices (see [`crate::notice`]).
     foreign: InFlight,
     rate: PrefillRate,
-    /// How long own requests decode here (first token to completion).
+    /// How long requests decode here (first token to completion): own ones, and other
+    /// proxies' from their notices.
     service: ServiceTime,
     /// Peak-EWMA of observed / predicted (uncorrected) TTFT, resting at 1.
     correction: PeakEwma,
@@ -392,9 +393,13 @@ impl Router {
                     st.learn(&ft, at, &cfg);
                 }
             }
-            Notice::Complete { id } => {
+            Notice::Complete { id, at } => {
                 st.foreign_prompts.retain(|(i, _)| *i != id);
-                let _ = st.foreign.complete(id);
+                // Its decode time teaches the capacity-bound wait's pace as an own one's would.
+                if let Some(first) = st.foreign.complete(id).and_then(|r| r.first_token_at) {
+                    st.service
+                        .observe(at.saturating_since(first).as_secs_f64(), &cfg);
+                }
             }
         }
         Ok(())

@@ -1088,19 +1088,30 @@ fn notices_of_other_proxies_requests_steer_away_from_an_endpoint_they_just_fille
         "the notices steer away"
     );
     // First tokens and completions take the work back out; an unknown id is ignored.
+    assert_eq!(r.service_s(&chosen), None);
     for id in 0..4 {
         let at = Time::from_secs_f64(0.015);
         r.observe_notice(&chosen, Notice::FirstToken { id, at })
             .unwrap();
-        r.observe_notice(&chosen, Notice::Complete { id }).unwrap();
+        let done = Time::from_secs_f64(2.015);
+        r.observe_notice(&chosen, Notice::Complete { id, at: done })
+            .unwrap();
     }
-    r.observe_notice(&chosen, Notice::Complete { id: 99 })
+    let done = Time::from_secs_f64(9.0);
+    r.observe_notice(&chosen, Notice::Complete { id: 99, at: done })
         .unwrap();
     assert_eq!(r.foreign(&chosen).unwrap().queued_prefill_tokens(), 0);
+    // Each noticed request decoded for 2 s, and that is what the endpoint's service time learned
+    // (the unknown id taught nothing).
+    let service = r.service_s(&chosen).expect("learned from the notices");
+    assert!((service - 2.0).abs() < 1e-9, "{service}");
     // A notice for an endpoint the router does not know is an error, not a panic.
     assert!(
-        r.observe_notice(&EndpointId::from("nope"), Notice::Complete { id: 1 })
-            .is_err()
+        r.observe_notice(
+            &EndpointId::from("nope"),
+            Notice::Complete { id: 1, at: done }
+        )
+        .is_err()
     );
 }
 

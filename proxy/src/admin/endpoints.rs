@@ -114,6 +114,8 @@ pub fn view(target: &Target) -> serde_json::Value {
                     },
                     "context_window_tokens": windows.get(&e.id),
                     "own_pending_requests": inflight.map(|i| i.pending()),
+                    // Other proxies' requests here, as their notices told this one.
+                    "others_pending_requests": router.foreign(&e.id).map(|f| f.pending()),
                     "prefill_tokens_per_second": router.prefill_tokens_per_second(&e.id),
                     "correction": router.correction(&e.id, now),
                     "ttft_peak_ewma_s": router.observed_latency_s(&e.id, now),

@@ -469,7 +469,7 @@ pub fn notice_of(n: &api::Notice, at: kinference_routing::Time) -> Option<Notice
             }),
         },
         api::notice::Event::FirstToken(_) => Notice::FirstToken { id, at },
-        api::notice::Event::Complete(_) => Notice::Complete { id },
+        api::notice::Event::Complete(_) => Notice::Complete { id, at },
     })
 }
 
@@ -537,7 +537,7 @@ pub fn wire_notice(
             }),
         ),
         Notice::FirstToken { id, .. } => (*id, api::notice::Event::FirstToken(api::FirstToken {})),
-        Notice::Complete { id } => (*id, api::notice::Event::Complete(api::Complete {})),
+        Notice::Complete { id, .. } => (*id, api::notice::Event::Complete(api::Complete {})),
     };
     api::Notice {
         path: path.to_string(),

@@ -159,8 +159,8 @@ impl Router for DynamoKv {
                 self.decode_blocks[a.replica] += a.blocks;
                 self.active.insert(*id, a);
             }
-            PeerEvent::FirstToken { id, replica } => self.on_first_token(*id, *replica, now),
-            PeerEvent::Complete { id, replica } => self.on_complete(*id, *replica, 0, now),
+            PeerEvent::FirstToken { id, replica, .. } => self.on_first_token(*id, *replica, now),
+            PeerEvent::Complete { id, replica, .. } => self.on_complete(*id, *replica, 0, now),
         }
     }
 }

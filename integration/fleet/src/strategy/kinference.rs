@@ -475,14 +475,21 @@ impl Router for Kinference {
                     Notice::dispatch(*id, time(now), tokens, tokens)
                 }),
             ),
-            PeerEvent::FirstToken { id, replica } => (
+            // Dated by the event, not the delivery: a notice carries its age.
+            PeerEvent::FirstToken { id, replica, at } => (
                 *replica,
                 Notice::FirstToken {
                     id: *id,
-                    at: time(now),
+                    at: time(*at),
                 },
             ),
-            PeerEvent::Complete { id, replica } => (*replica, Notice::Complete { id: *id }),
+            PeerEvent::Complete { id, replica, at } => (
+                *replica,
+                Notice::Complete {
+                    id: *id,
+                    at: time(*at),
+                },
+            ),
         };
         let _ = self.router.observe_notice(&self.ids[replica], notice);
         if let PeerEvent::Dispatch { id, prompt, .. } = event {
@@ -491,6 +498,17 @@ impl Router for Kinference {
                 .router
                 .observe_notice_prompt(&self.ids[replica], *id, &blocks);
         }
+    }
+
+    fn on_load(&mut self, replica: usize, server_load: u32, at: SimTime) {
+        // Dated on its own, as the proxy applies the service's loads: only the server load moves.
+        let scrape = Scrape {
+            server_load: Some(server_load),
+            ..Scrape::default()
+        };
+        let _ = self
+            .router
+            .observe_scrape(&self.ids[replica], &scrape, time(at));
     }
 
     fn on_kv_events(&mut self, replica: usize, events: &[KvEvent], _now: SimTime) {
