@@ -120,14 +120,7 @@ async fn wait_for_source(
 async fn reads(http: &reqwest::Client, stack: &Stack) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     for sim in &stack.sims {
-        let state: Value = http
-            .get(format!("http://{}/sim/state", sim.addr))
-            .send()
-            .await
-            .expect("the simulator answers")
-            .json()
-            .await
-            .expect("/sim/state is JSON");
+        let state = sim_json(http, sim.addr, "/sim/state").await;
         let r = &state["signal_reads"];
         out.push((r["metrics"].as_u64().unwrap(), r["load"].as_u64().unwrap()));
     }
@@ -464,10 +457,7 @@ async fn an_engine_change_reaches_the_sidecars() {
         let rsp = request.await.unwrap().expect("the engine answers");
         assert_eq!(rsp.status(), 200);
     }
-    let q = |v: &mut Vec<f64>, p: f64| {
-        v.sort_by(f64::total_cmp);
-        v[((v.len() - 1) as f64 * p).round() as usize]
-    };
+    let q = quantile;
     eprintln!(
         "engine change to sidecar, ms: through the service p50 {:.0} p90 {:.0} p99 {:.0} max {:.0} \
          ({} samples); reading the engine itself p50 {:.0} p90 {:.0} p99 {:.0} max {:.0}",
@@ -527,28 +517,12 @@ async fn a_dispatch_reaches_the_other_sidecars() {
                 rsp.status().as_u16()
             })
         };
-        let seen = others.iter().map(|(_, c)| async move {
-            let f = async {
-                while others_pending(c).await == 0 {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-            };
-            tokio::time::timeout(Duration::from_secs(10), f)
-                .await
-                .expect("every dispatch is noticed");
-            sent.elapsed().as_secs_f64() * 1e3
+        let seen = others
+            .iter()
+            .map(|(_, c)| ms_until(sent, "every dispatch is noticed", || others_pending(c)));
+        let at_engine = ms_until(sent, "the request reaches an engine", || {
+            engines_load(&http, &stack)
         });
-        let at_engine = async {
-            let f = async {
-                while engines_load(&http, &stack).await == 0 {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-            };
-            tokio::time::timeout(Duration::from_secs(10), f)
-                .await
-                .expect("the request reaches an engine");
-            sent.elapsed().as_secs_f64() * 1e3
-        };
         let (seen, at_engine) = tokio::join!(futures::future::join_all(seen), at_engine);
         after_engine_ms.extend(seen.iter().map(|ms| ms - at_engine));
         seen_ms.extend(seen);
@@ -564,10 +538,7 @@ async fn a_dispatch_reaches_the_other_sidecars() {
         )
         .await;
     }
-    let q = |v: &mut Vec<f64>, p: f64| {
-        v.sort_by(f64::total_cmp);
-        v[((v.len() - 1) as f64 * p).round() as usize]
-    };
+    let q = quantile;
     eprintln!(
         "sent through one proxy, ms: at the engine p50 {:.1} p90 {:.1} p99 {:.1} ({} samples); \
          noticed by another proxy p50 {:.1} p90 {:.1} p99 {:.1} max {:.1} ({} samples); \
@@ -591,15 +562,44 @@ async fn a_dispatch_reaches_the_other_sidecars() {
 async fn engines_load(http: &reqwest::Client, stack: &Stack) -> u64 {
     let mut total = 0;
     for sim in &stack.sims {
-        let load: Value = http
-            .get(format!("http://{}/load", sim.addr))
-            .send()
-            .await
-            .expect("the simulator answers")
-            .json()
-            .await
-            .expect("/load is JSON");
-        total += load["server_load"].as_u64().unwrap_or(0);
+        total += sim_json(http, sim.addr, "/load").await["server_load"]
+            .as_u64()
+            .unwrap_or(0);
     }
     total
+}
+
+/// Milliseconds from `sent` until `count` reads above 0, polled every millisecond (at most 10 s,
+/// else `what` fails the test).
+async fn ms_until<F, Fut>(sent: Instant, what: &str, count: F) -> f64
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = u64>,
+{
+    let poll = async {
+        while count().await == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), poll)
+        .await
+        .expect(what);
+    sent.elapsed().as_secs_f64() * 1e3
+}
+
+/// The `p`-quantile (0..=1) of `v`, nearest rank.
+fn quantile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// A simulator's JSON answer to `GET path`.
+async fn sim_json(http: &reqwest::Client, addr: SocketAddr, path: &str) -> Value {
+    http.get(format!("http://{addr}{path}"))
+        .send()
+        .await
+        .expect("the simulator answers")
+        .json()
+        .await
+        .expect("the simulator answers JSON")
 }

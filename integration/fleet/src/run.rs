@@ -694,8 +694,9 @@ pub fn run_cell_with(
                 if metrics {
                     next_metrics = now + cfg.scrape_interval;
                 }
-                engine_reads += replicas.len() as u64 * u64::from(metrics || reads_load)
-                    + replicas.len() as u64 * u64::from(metrics && reads_load);
+                // A metrics read when it is due, a load read at every read that reads loads.
+                engine_reads +=
+                    replicas.len() as u64 * (u64::from(metrics) + u64::from(reads_load));
                 let readings: Vec<Reading> = replicas
                     .iter()
                     .enumerate()
