@@ -251,16 +251,20 @@ fn rollout_peers(case: &str, ns: &str, replicas: u64, helm: &[Value]) {
 /// labels, the webhooks from the API server's CIDRs (anywhere by default), the admin port from
 /// monitoring and, with more than one replica, from the controller's own pods (the rollout
 /// peers); none when the values turn it off.
-fn network_policy(case: &str, ns: &str, replicas: u64, helm: &[Value]) {
-    let found: Vec<&Value> = helm
+fn network_policy(case: &str, values: &Value, ns: &str, replicas: u64, helm: &[Value]) {
+    let all: Vec<&Value> = helm
         .iter()
         .filter(|o| o["kind"] == "NetworkPolicy")
         .collect();
-    if case == "control-plane-no-network-policy" {
-        assert!(found.is_empty(), "{case}: {found:?}");
+    if values["networkPolicy"]["enabled"] == false {
+        assert!(all.is_empty(), "{case}: {all:?}");
         return;
     }
-    assert_eq!(found.len(), 1, "{case}: one NetworkPolicy");
+    let found: Vec<&Value> = all
+        .into_iter()
+        .filter(|o| o["metadata"]["name"] == "kinference-policy-controller")
+        .collect();
+    assert_eq!(found.len(), 1, "{case}: one controller NetworkPolicy");
     let spec = &found[0]["spec"];
     assert_eq!(
         spec["podSelector"]["matchLabels"]["kinference.io/control-plane-component"],
@@ -311,6 +315,105 @@ fn network_policy(case: &str, ns: &str, replicas: u64, helm: &[Value]) {
     }
 }
 
+/// The signal shards as Helm rendered them (docs/signals.md, "Sharding"): with signals on, each
+/// shard of the values a Deployment and Service `kinference-signals-<name>`, the Service selecting
+/// the Deployment's pods, the pods serving that shard on the Service's port, the controller naming
+/// the Service as the shard's address, and (with NetworkPolicies) a NetworkPolicy of those pods;
+/// otherwise none of these. Returns the number of shards.
+fn signal_shards(case: &str, values: &Value, ns: &str, helm: &[Value]) -> usize {
+    let named = |kind: &str, name: &str| -> Option<&Value> {
+        helm.iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+    };
+    let controller = named("Deployment", "kinference-policy-controller")
+        .unwrap_or_else(|| panic!("{case}: no controller Deployment"));
+    let controller_args: Vec<&str> =
+        controller["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .filter(|a| a.starts_with("--signals-shard-addr="))
+            .collect();
+    let signals = &values["signals"];
+    let shards: Vec<&str> = if signals["enabled"] == true {
+        signals["shards"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| s["name"].as_str().unwrap())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let rendered = helm
+        .iter()
+        .filter(|o| {
+            o["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("kinference-signals-"))
+        })
+        .count();
+    let policies = values["networkPolicy"]["enabled"] != false;
+    assert_eq!(
+        rendered,
+        shards.len() * if policies { 3 } else { 2 },
+        "{case}: the shards' objects"
+    );
+    assert_eq!(
+        controller_args.len(),
+        shards.len(),
+        "{case}: {controller_args:?}"
+    );
+    for (shard, arg) in shards.iter().zip(&controller_args) {
+        let name = format!("kinference-signals-{shard}");
+        let deployment = named("Deployment", &name).unwrap_or_else(|| panic!("{case}: {name}"));
+        let service = named("Service", &name).unwrap_or_else(|| panic!("{case}: {name}"));
+        let port = &service["spec"]["ports"][0];
+        assert_eq!(port["name"], "signals", "{case}: {name}");
+        assert_eq!(
+            *arg,
+            format!(
+                "--signals-shard-addr={shard}=http://{name}.{ns}.svc.cluster.local:{}",
+                port["port"]
+            ),
+            "{case}: the controller names shard {shard}'s Service"
+        );
+        let selector = &service["spec"]["selector"];
+        assert_eq!(selector["kinference.io/signals-shard"], *shard, "{case}");
+        assert_eq!(
+            &deployment["spec"]["selector"]["matchLabels"], selector,
+            "{case}: {name}'s Service selects its pods"
+        );
+        let pod = &deployment["spec"]["template"];
+        for (k, v) in selector.as_object().unwrap() {
+            assert_eq!(&pod["metadata"]["labels"][k], v, "{case}: {name}: {k}");
+        }
+        let container = &pod["spec"]["containers"][0];
+        let args = container["args"].as_array().unwrap();
+        assert!(
+            args.contains(&Value::from(format!("--signals-shard={shard}"))),
+            "{case}: {name}: {args:?}"
+        );
+        assert!(
+            container["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == "signals" && p["containerPort"] == port["port"]),
+            "{case}: {name} serves the Service's port"
+        );
+        if policies {
+            let policy = named("NetworkPolicy", &name).unwrap_or_else(|| panic!("{case}: {name}"));
+            assert_eq!(
+                &policy["spec"]["podSelector"]["matchLabels"], selector,
+                "{case}: {name}'s NetworkPolicy guards its pods"
+            );
+        }
+    }
+    shards.len()
+}
+
 #[test]
 #[cfg_attr(
     not(has_helm_sdk),
@@ -330,6 +433,9 @@ fn install_prints_what_helm_renders() {
         "control-plane-overrides",
         "control-plane-no-network-policy",
         "control-plane-one-replica",
+        "control-plane-signals",
+        "control-plane-signal-shards",
+        "control-plane-signal-shards-no-network-policy",
     ] {
         assert!(
             names.contains(&want),
@@ -338,6 +444,7 @@ fn install_prints_what_helm_renders() {
     }
 
     let mut replica_counts = Vec::new();
+    let mut shard_counts = Vec::new();
     for case in &cases {
         let name = case["name"].as_str().unwrap();
         let args: Vec<String> = serde_json::from_value(case["kinfctl"].clone()).unwrap();
@@ -361,8 +468,9 @@ fn install_prints_what_helm_renders() {
             let ns = case["namespace"].as_str().unwrap();
             let replicas = controller_replicas(name, &helm);
             replica_counts.push((name, replicas));
-            network_policy(name, ns, replicas, &helm);
+            network_policy(name, &case["values"], ns, replicas, &helm);
             rollout_peers(name, ns, replicas, &helm);
+            shard_counts.push((name, signal_shards(name, &case["values"], ns, &helm)));
         }
         let helm: BTreeMap<String, Value> = helm.into_iter().map(|o| (key(&o), o)).collect();
         let ours: BTreeMap<String, Value> = ours.into_iter().map(|o| (key(&o), o)).collect();
@@ -393,6 +501,13 @@ fn install_prints_what_helm_renders() {
             "{want}: not {replicas} replicas: {replica_counts:?}"
         );
     }
+    // The shards were rendered and compared, with and without NetworkPolicies.
+    for want in [
+        ("control-plane-signal-shards", 2),
+        ("control-plane-signal-shards-no-network-policy", 1),
+    ] {
+        assert!(shard_counts.contains(&want), "{want:?}: {shard_counts:?}");
+    }
 }
 
 #[test]
@@ -400,6 +515,12 @@ fn install_rejects_bad_values_and_namespaces() {
     for args in [
         &["install", "--set", "controller.replicaz=3"][..],
         &["install", "--set", "webhook.failurePolicy=Sometimes"],
+        &["install", "--set", "signals.shards[0].name=Bad_Name"],
+        &[
+            "install",
+            "--set",
+            "signals.shards[0].name=a,signals.shards[0].replicas=0",
+        ],
         &["install", "--namespace", "Not_A_Label"],
         &["install", "--crds", "--set", "upstream.inferencePool=maybe"],
     ] {

@@ -79,11 +79,15 @@ The engine-signals service's address the proxies dial (signals.enabled): the con
 {{ printf "http://%s.%s.svc.%s:%v" (include "kinference.signalsShard.name" .name) .root.Release.Namespace .root.Values.clusterDomain .root.Values.signals.port }}
 {{- end }}
 
-{{/* The labels that select a signal shard's pods. Called with (dict "root" $ "name" NAME). */}}
+{{/*
+The labels that select a signal shard's pods. Called with (dict "root" $ "name" NAME). The name is
+quoted: a name the schema allows, such as `123` or `on`, is otherwise read back as a number or a
+boolean, which no label value may be.
+*/}}
 {{- define "kinference.signalsShard.selectorLabels" -}}
 kinference.io/control-plane-component: signals-shard
 kinference.io/control-plane-ns: {{ .root.Release.Namespace }}
-kinference.io/signals-shard: {{ .name }}
+kinference.io/signals-shard: {{ .name | quote }}
 {{- end }}
 
 {{/*

@@ -2,6 +2,8 @@
 //! same objects, field for field, that `charts/kinference/templates` render (a test holds the
 //! two together). Names and ports that the templates fix are fixed here too.
 
+mod signal_shards;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::{
@@ -15,9 +17,10 @@ use k8s_openapi::{
         core::v1::{
             Affinity, Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort,
             EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodAffinityTerm,
-            PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-            Secret, SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort,
-            ServiceSpec, Volume, VolumeMount, WeightedPodAffinityTerm,
+            PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+            ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext,
+            Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+            WeightedPodAffinityTerm,
         },
         networking::v1::{
             IPBlock, NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -74,6 +77,7 @@ pub fn manifests(ns: &str, v: &ControlPlane) -> Result<Vec<String>, Error> {
     if v.network_policy.enabled {
         objects.push(to_yaml("NetworkPolicy", &c.network_policy())?);
     }
+    objects.extend(c.signal_shards()?);
     objects.extend([
         to_yaml(
             "ValidatingWebhookConfiguration",
@@ -98,6 +102,62 @@ fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+/// A Service port to the container port of the same name.
+fn service_port(name: &str, port: i32, app_protocol: Option<&str>) -> ServicePort {
+    ServicePort {
+        name: Some(name.into()),
+        port,
+        target_port: Some(IntOrString::String(name.into())),
+        protocol: Some("TCP".into()),
+        app_protocol: app_protocol.map(Into::into),
+        ..Default::default()
+    }
+}
+
+fn container_port(name: &str, port: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.into()),
+        container_port: port,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }
+}
+
+/// A NetworkPolicy port by the container port's name.
+fn network_policy_port(name: &str) -> NetworkPolicyPort {
+    NetworkPolicyPort {
+        port: Some(IntOrString::String(name.into())),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }
+}
+
+/// A Deployment of `replicas` pods labelled `pod_labels`, selected by `selector`.
+fn deployment(
+    metadata: ObjectMeta,
+    replicas: i32,
+    selector: LabelSelector,
+    pod_labels: BTreeMap<String, String>,
+    pod: PodSpec,
+) -> Deployment {
+    Deployment {
+        metadata,
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector,
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..Default::default()
+                }),
+                spec: Some(pod),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 impl Context<'_> {
@@ -365,14 +425,6 @@ impl Context<'_> {
     }
 
     fn service(&self) -> Service {
-        let port = |name: &str, port: i32, app_protocol: Option<&str>| ServicePort {
-            name: Some(name.into()),
-            port,
-            target_port: Some(IntOrString::String(name.into())),
-            protocol: Some("TCP".into()),
-            app_protocol: app_protocol.map(Into::into),
-            ..Default::default()
-        };
         Service {
             metadata: self.controller_meta(CONTROLLER),
             spec: Some(ServiceSpec {
@@ -380,11 +432,11 @@ impl Context<'_> {
                 selector: Some(self.selector_labels()),
                 ports: Some(
                     [
-                        Some(port("grpc", GRPC_PORT, Some("kubernetes.io/h2c"))),
-                        Some(port("admin", ADMIN_PORT, None)),
-                        Some(port("webhook", 443, None)),
+                        Some(service_port("grpc", GRPC_PORT, Some("kubernetes.io/h2c"))),
+                        Some(service_port("admin", ADMIN_PORT, None)),
+                        Some(service_port("webhook", 443, None)),
                         self.v.signals.enabled.then(|| {
-                            port("signals", self.v.signals.port, Some("kubernetes.io/h2c"))
+                            service_port("signals", self.v.signals.port, Some("kubernetes.io/h2c"))
                         }),
                     ]
                     .into_iter()
@@ -406,20 +458,43 @@ impl Context<'_> {
                 cluster_ip: Some("None".into()),
                 publish_not_ready_addresses: Some(true),
                 selector: Some(self.selector_labels()),
-                ports: Some(vec![ServicePort {
-                    name: Some("admin".into()),
-                    port: ADMIN_PORT,
-                    target_port: Some(IntOrString::String("admin".into())),
-                    protocol: Some("TCP".into()),
-                    ..Default::default()
-                }]),
+                ports: Some(vec![service_port("admin", ADMIN_PORT, None)]),
                 ..Default::default()
             }),
             ..Default::default()
         }
     }
 
-    fn deployment(&self) -> Deployment {
+    /// The args every replica of the controller's image takes, the controller's and the shards'.
+    fn common_args(&self) -> [String; 3] {
+        let c = &self.v.controller;
+        [
+            format!("--lease-name={}", c.leader_election.lease_name),
+            format!("--cluster-domain={}", self.v.cluster_domain),
+            format!("--log-format={}", c.log_format.as_str()),
+        ]
+    }
+
+    /// The signal service's args (signals.enabled).
+    fn signals_args(&self) -> [String; 3] {
+        let s = &self.v.signals;
+        [
+            format!("--signals-addr=0.0.0.0:{}", s.port),
+            format!("--signals-interval-ms={}", s.interval_ms),
+            format!("--signals-load-interval-ms={}", s.load_interval_ms),
+        ]
+    }
+
+    /// A container of the controller's image, as the controller's and the shards' templates
+    /// write it: its log level and pod identity in the environment, probed on the admin port,
+    /// unprivileged on a read-only root.
+    fn controller_image_container(
+        &self,
+        name: &str,
+        args: Vec<String>,
+        ports: Vec<ContainerPort>,
+        resources: &ResourceRequirements,
+    ) -> Container {
         let c = &self.v.controller;
         let field_env = |name: &str, path: &str| EnvVar {
             name: name.into(),
@@ -432,12 +507,6 @@ impl Context<'_> {
             }),
             ..Default::default()
         };
-        let container_port = |name: &str, port: i32| ContainerPort {
-            name: Some(name.into()),
-            container_port: port,
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        };
         let probe = |path: &str, period_s: i32, failures: i32| Probe {
             http_get: Some(HTTPGetAction {
                 path: Some(path.into()),
@@ -448,77 +517,24 @@ impl Context<'_> {
             failure_threshold: Some(failures),
             ..Default::default()
         };
-        let mount = |name: &str, path: &str| VolumeMount {
+        Container {
             name: name.into(),
-            mount_path: path.into(),
-            read_only: Some(true),
-            ..Default::default()
-        };
-        let container = Container {
-            name: "policy-controller".into(),
             image: Some(c.image.reference(&self.v.app_version)),
             image_pull_policy: Some(c.image.pull_policy.as_str().into()),
-            args: Some({
-                let mut args = vec![
-                    format!("--grpc-addr=0.0.0.0:{GRPC_PORT}"),
-                    format!("--admin-addr=0.0.0.0:{ADMIN_PORT}"),
-                    format!("--admission-addr=0.0.0.0:{WEBHOOK_PORT}"),
-                    format!("--admission-tls-cert={TLS_DIR}/tls.crt"),
-                    format!("--admission-tls-key={TLS_DIR}/tls.key"),
-                    format!("--proxy-config={PROXY_CONFIG_DIR}/config.json"),
-                    format!("--lease-name={}", c.leader_election.lease_name),
-                    format!("--cluster-domain={}", self.v.cluster_domain),
-                    format!("--log-format={}", c.log_format.as_str()),
-                ];
-                if self.v.signals.enabled {
-                    args.push(format!("--signals-addr=0.0.0.0:{}", self.v.signals.port));
-                    args.push(format!(
-                        "--signals-interval-ms={}",
-                        self.v.signals.interval_ms
-                    ));
-                    args.push(format!(
-                        "--signals-load-interval-ms={}",
-                        self.v.signals.load_interval_ms
-                    ));
-                }
-                args
-            }),
-            env: Some(
-                [
-                    Some(EnvVar {
-                        name: "RUST_LOG".into(),
-                        value: Some(c.log_level.clone()),
-                        ..Default::default()
-                    }),
-                    Some(field_env("POD_NAME", "metadata.name")),
-                    Some(field_env("POD_NAMESPACE", "metadata.namespace")),
-                    self.peers().then(|| EnvVar {
-                        name: "KINFERENCE_ROLLOUT_PEERS".into(),
-                        value: Some(self.peers_addr()),
-                        ..Default::default()
-                    }),
-                ]
-                .into_iter()
-                .flatten()
-                .collect(),
-            ),
-            ports: Some(
-                [
-                    Some(container_port("grpc", GRPC_PORT)),
-                    Some(container_port("admin", ADMIN_PORT)),
-                    Some(container_port("webhook", WEBHOOK_PORT)),
-                    self.v
-                        .signals
-                        .enabled
-                        .then(|| container_port("signals", self.v.signals.port)),
-                ]
-                .into_iter()
-                .flatten()
-                .collect(),
-            ),
+            args: Some(args),
+            env: Some(vec![
+                EnvVar {
+                    name: "RUST_LOG".into(),
+                    value: Some(c.log_level.clone()),
+                    ..Default::default()
+                },
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_NAMESPACE", "metadata.namespace"),
+            ]),
+            ports: Some(ports),
             liveness_probe: Some(probe("/live", 10, 3)),
             readiness_probe: Some(probe("/ready", 5, 2)),
-            resources: Some(c.resources.clone()),
+            resources: Some(resources.clone()),
             security_context: Some(SecurityContext {
                 allow_privilege_escalation: Some(false),
                 read_only_root_filesystem: Some(true),
@@ -528,13 +544,16 @@ impl Context<'_> {
                 }),
                 ..Default::default()
             }),
-            volume_mounts: Some(vec![
-                mount("tls", TLS_DIR),
-                mount("proxy-config", PROXY_CONFIG_DIR),
-            ]),
             ..Default::default()
-        };
-        let pod = PodSpec {
+        }
+    }
+
+    /// The pod of a controller-image Deployment: the controller's ServiceAccount, pull secrets,
+    /// node selector and tolerations, non-root, and spread over nodes from the pods that
+    /// `selector` selects.
+    fn controller_image_pod(&self, selector: LabelSelector, container: Container) -> PodSpec {
+        let c = &self.v.controller;
+        PodSpec {
             service_account_name: Some(CONTROLLER.into()),
             image_pull_secrets: self.pull_secrets(),
             security_context: Some(PodSecurityContext {
@@ -554,7 +573,7 @@ impl Context<'_> {
                             weight: 100,
                             pod_affinity_term: PodAffinityTerm {
                                 topology_key: "kubernetes.io/hostname".into(),
-                                label_selector: Some(self.selector()),
+                                label_selector: Some(selector),
                                 ..Default::default()
                             },
                         },
@@ -566,42 +585,82 @@ impl Context<'_> {
             node_selector: (!c.node_selector.is_empty()).then(|| c.node_selector.clone()),
             tolerations: (!c.tolerations.is_empty()).then(|| c.tolerations.clone()),
             containers: vec![container],
-            volumes: Some(vec![
-                Volume {
-                    name: "tls".into(),
-                    secret: Some(SecretVolumeSource {
-                        secret_name: Some(format!("{CONTROLLER}-tls")),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-                Volume {
-                    name: "proxy-config".into(),
-                    config_map: Some(ConfigMapVolumeSource {
-                        name: PROXY_CONFIG.into(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-            ]),
-            ..Default::default()
-        };
-        Deployment {
-            metadata: self.controller_meta(CONTROLLER),
-            spec: Some(DeploymentSpec {
-                replicas: Some(c.replicas),
-                selector: self.selector(),
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta {
-                        labels: Some(self.controller_labels()),
-                        ..Default::default()
-                    }),
-                    spec: Some(pod),
-                },
-                ..Default::default()
-            }),
             ..Default::default()
         }
+    }
+
+    fn deployment(&self) -> Deployment {
+        let c = &self.v.controller;
+        let mount = |name: &str, path: &str| VolumeMount {
+            name: name.into(),
+            mount_path: path.into(),
+            read_only: Some(true),
+            ..Default::default()
+        };
+        let mut args = vec![
+            format!("--grpc-addr=0.0.0.0:{GRPC_PORT}"),
+            format!("--admin-addr=0.0.0.0:{ADMIN_PORT}"),
+            format!("--admission-addr=0.0.0.0:{WEBHOOK_PORT}"),
+            format!("--admission-tls-cert={TLS_DIR}/tls.crt"),
+            format!("--admission-tls-key={TLS_DIR}/tls.key"),
+            format!("--proxy-config={PROXY_CONFIG_DIR}/config.json"),
+        ];
+        args.extend(self.common_args());
+        if self.v.signals.enabled {
+            args.extend(self.signals_args());
+            args.extend(self.signal_shard_addr_args());
+        }
+        let ports = [
+            Some(container_port("grpc", GRPC_PORT)),
+            Some(container_port("admin", ADMIN_PORT)),
+            Some(container_port("webhook", WEBHOOK_PORT)),
+            self.v
+                .signals
+                .enabled
+                .then(|| container_port("signals", self.v.signals.port)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let mut container =
+            self.controller_image_container("policy-controller", args, ports, &c.resources);
+        if self.peers() {
+            container.env.get_or_insert_default().push(EnvVar {
+                name: "KINFERENCE_ROLLOUT_PEERS".into(),
+                value: Some(self.peers_addr()),
+                ..Default::default()
+            });
+        }
+        container.volume_mounts = Some(vec![
+            mount("tls", TLS_DIR),
+            mount("proxy-config", PROXY_CONFIG_DIR),
+        ]);
+        let mut pod = self.controller_image_pod(self.selector(), container);
+        pod.volumes = Some(vec![
+            Volume {
+                name: "tls".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(format!("{CONTROLLER}-tls")),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            Volume {
+                name: "proxy-config".into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: PROXY_CONFIG.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ]);
+        deployment(
+            self.controller_meta(CONTROLLER),
+            c.replicas,
+            self.selector(),
+            self.controller_labels(),
+            pod,
+        )
     }
 
     fn pod_disruption_budget(&self) -> PodDisruptionBudget {
@@ -623,24 +682,12 @@ impl Context<'_> {
     /// pods (their rollout window sums).
     fn network_policy(&self) -> NetworkPolicy {
         let np = &self.v.network_policy;
-        let named = |name: &str| NetworkPolicyPort {
-            port: Some(IntOrString::String(name.into())),
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        };
-        let port = |name: &str| Some(vec![named(name)]);
-        let mut meshed_ports = vec![named("grpc")];
+        let port = |name: &str| Some(vec![network_policy_port(name)]);
+        let mut meshed_ports = vec![network_policy_port("grpc")];
         if self.v.signals.enabled {
-            meshed_ports.push(named("signals"));
+            meshed_ports.push(network_policy_port("signals"));
         }
-        let meshed = NetworkPolicyPeer {
-            namespace_selector: Some(LabelSelector::default()),
-            pod_selector: Some(LabelSelector {
-                match_labels: Some(map(&[("kinference.io/control-plane-ns", self.ns)])),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let meshed = self.meshed_peer();
         let api_server = (!np.api_server_cidrs.is_empty()).then(|| {
             np.api_server_cidrs
                 .iter()
@@ -686,6 +733,19 @@ impl Context<'_> {
                 ),
                 ..Default::default()
             }),
+        }
+    }
+
+    /// The pods of this control plane's mesh (and its own), in any namespace: the label the
+    /// injector gives them.
+    fn meshed_peer(&self) -> NetworkPolicyPeer {
+        NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector::default()),
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(map(&[("kinference.io/control-plane-ns", self.ns)])),
+                ..Default::default()
+            }),
+            ..Default::default()
         }
     }
 

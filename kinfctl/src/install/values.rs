@@ -26,6 +26,13 @@ pub enum Error {
     Set { arg: String, reason: &'static str },
     #[error("invalid values after --set: {0}")]
     Invalid(#[source] serde_json::Error),
+    #[error(
+        "invalid signals.shards[{index}].name {name:?}: it must be 1 to 32 lower-case letters, \
+         digits and '-', starting and ending with a letter or digit"
+    )]
+    ShardName { index: usize, name: String },
+    #[error("invalid signals.shards[{index}].replicas {replicas}: it must be at least 1")]
+    ShardReplicas { index: usize, replicas: i32 },
 }
 
 /// The `kinference-crds` chart's values.
@@ -148,6 +155,41 @@ pub struct Signals {
     pub port: i32,
     pub interval_ms: u64,
     pub load_interval_ms: u64,
+    /// Sharding by pool (docs/signals.md, "Sharding"); values.yaml leaves it unset: no shards.
+    #[serde(default)]
+    pub shards: Vec<SignalShard>,
+}
+
+/// One signal shard: a Deployment and Service `kinference-signals-<name>` serving the
+/// InferencePools annotated `kinference.io/signals-shard: <name>`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SignalShard {
+    pub name: String,
+    /// Unset: 1.
+    pub replicas: Option<i32>,
+    /// Unset (or empty): the controller's.
+    pub resources: Option<ResourceRequirements>,
+}
+
+impl Signals {
+    /// What the schema requires of each shard: its name (pattern
+    /// `^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$`, so that `kinference-signals-<name>` stays a DNS
+    /// label) and at least one replica.
+    fn validate(&self) -> Result<(), Error> {
+        for (index, shard) in self.shards.iter().enumerate() {
+            if shard.name.len() > 32 || !super::is_dns_label(&shard.name) {
+                return Err(Error::ShardName {
+                    index,
+                    name: shard.name.clone(),
+                });
+            }
+            if let Some(replicas) = shard.replicas.filter(|r| *r < 1) {
+                return Err(Error::ShardReplicas { index, replicas });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The controller's NetworkPolicy.
@@ -240,6 +282,7 @@ struct ChartMeta {
 pub fn control_plane(sets: &[String]) -> Result<ControlPlane, Error> {
     let tree = with_sets(CONTROL_PLANE_VALUES, "charts/kinference/values.yaml", sets)?;
     let mut values: ControlPlane = serde_json::from_value(tree).map_err(Error::Invalid)?;
+    values.signals.validate()?;
     let chart: ChartMeta =
         serde_yaml::from_str(CONTROL_PLANE_CHART).map_err(|source| Error::Embedded {
             file: "charts/kinference/Chart.yaml",
@@ -460,6 +503,58 @@ mod tests {
                 .upstream
                 .inference_pool
         );
+    }
+
+    #[test]
+    fn shards_are_unset_by_default_and_checked_as_the_schema_checks_them() {
+        assert!(control_plane(&[]).unwrap().signals.shards.is_empty());
+        let v = control_plane(&[
+            "signals.shards[0].name=a,signals.shards[0].replicas=2,signals.shards[1].name=b-2"
+                .to_string(),
+        ])
+        .unwrap();
+        let shards = &v.signals.shards;
+        assert_eq!(
+            (shards[0].name.as_str(), shards[0].replicas),
+            ("a", Some(2))
+        );
+        assert_eq!((shards[1].name.as_str(), shards[1].replicas), ("b-2", None));
+        assert!(control_plane(&[format!("signals.shards[0].name={}", "a".repeat(32))]).is_ok());
+        for bad in [
+            "Bad_Name".to_string(),
+            "-a".to_string(),
+            "a-".to_string(),
+            "a.b".to_string(),
+            "a".repeat(33),
+        ] {
+            let set = format!("signals.shards[0].name={bad}");
+            assert!(
+                matches!(
+                    control_plane(&[set]),
+                    Err(Error::ShardName { index: 0, .. })
+                ),
+                "{bad} accepted"
+            );
+        }
+        assert!(matches!(
+            control_plane(&["signals.shards[0].name=a,signals.shards[1].name=b,\
+                             signals.shards[1].replicas=0"
+                .to_string()]),
+            Err(Error::ShardReplicas {
+                index: 1,
+                replicas: 0
+            })
+        ));
+        // A shard needs its name, and takes no other key.
+        for bad in [
+            "signals.shards[0].replicas=2",
+            "signals.shards[0].name=a,signals.shards[0].zone=z",
+        ] {
+            assert!(
+                matches!(control_plane(&[bad.to_string()]), Err(Error::Invalid(_))),
+                "{bad} accepted"
+            );
+        }
     }
 
     #[test]

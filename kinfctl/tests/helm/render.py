@@ -60,6 +60,19 @@ CASES = [
      ["networkPolicy.enabled=false"], ["--namespace", "kinference"]),
     ("control-plane-signals", "kinference", "kinference",
      ["signals.enabled=true,signals.port=8093,signals.loadIntervalMs=20"], ["--namespace", "kinference"]),
+    # Two signal shards (docs/signals.md, "Sharding"), one with its own replicas and resources;
+    # then without NetworkPolicies.
+    ("control-plane-signal-shards", "kinference", "kinf-system",
+     ["signals.enabled=true,signals.port=8093,"
+      "signals.shards[0].name=a,signals.shards[0].replicas=2,"
+      "signals.shards[0].resources.requests.cpu=1500m,"
+      "signals.shards[0].resources.requests.memory=256Mi,"
+      "signals.shards[1].name=b",
+      "imagePullSecrets[0].name=regcred"],
+     ["--namespace", "kinf-system"]),
+    ("control-plane-signal-shards-no-network-policy", "kinference", "kinference",
+     ["signals.enabled=true,signals.shards[0].name=a,networkPolicy.enabled=false"],
+     ["--namespace", "kinference"]),
     # One replica judges rollouts alone: no peers Service, env or NetworkPolicy rule.
     ("control-plane-one-replica", "kinference", "kinference",
      ["controller.replicas=1"], ["--namespace", "kinference"]),
