@@ -71,6 +71,26 @@ struct State {
     notices: Option<tokio::sync::mpsc::Sender<OwnNotice>>,
 }
 
+impl State {
+    /// A streamed token arrived at `at`: an engine step of its endpoint ended then, which times
+    /// the step in progress for this router and, when this proxy reports the endpoint's steps
+    /// (`kinference_routing::Router::step_notice`), for the others. `endpoint`: the request's,
+    /// when notices are told.
+    fn token(&mut self, handle: DispatchHandle, at: Time, endpoint: Option<&EndpointId>) {
+        let _ = self.router.observe_token(handle, at);
+        if let (Some(tap), Some(endpoint)) = (&self.notices, endpoint)
+            && let Some(notice) = self.router.step_notice(handle, at)
+        {
+            let _ = tap.try_send(OwnNotice {
+                endpoint: endpoint.clone(),
+                notice,
+                at,
+                prompt: None,
+            });
+        }
+    }
+}
+
 /// One of this proxy's own notices, for the signal service.
 #[derive(Clone, Debug)]
 pub struct OwnNotice {
@@ -315,15 +335,15 @@ impl RouterHandle {
     ) -> Option<Duration> {
         let at = self.clock.time_of(at);
         let mut st = self.inner.lock();
-        if streamed {
-            let _ = st.router.observe_token(handle, at);
-        }
         let endpoint = st
             .notices
             .is_some()
             .then(|| st.router.endpoint_of(handle).cloned())
             .flatten();
         let ttft = st.router.first_token(handle, at).ok()?;
+        if streamed {
+            st.token(handle, at, endpoint.as_ref());
+        }
         if let (Some(tap), Some(endpoint)) = (&st.notices, endpoint) {
             let notice = Notice::FirstToken {
                 id: handle.request_id(),
@@ -343,7 +363,13 @@ impl RouterHandle {
     /// `kinference_routing::Router::observe_token`).
     pub fn observe_token(&self, handle: DispatchHandle, at: Instant) {
         let at = self.clock.time_of(at);
-        let _ = self.inner.lock().router.observe_token(handle, at);
+        let mut st = self.inner.lock();
+        let endpoint = st
+            .notices
+            .is_some()
+            .then(|| st.router.endpoint_of(handle).cloned())
+            .flatten();
+        st.token(handle, at, endpoint.as_ref());
     }
 
     /// A stream on `id` had `gaps` inter-token gaps summing to `decode_s`: the endpoint's time per

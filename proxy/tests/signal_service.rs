@@ -558,6 +558,91 @@ async fn a_dispatch_reaches_the_other_sidecars() {
     );
 }
 
+/// A stream through one proxy tells the others when its endpoint's engine steps end (step
+/// notices, at most one per 10 ms from the proxy with the oldest stream there): while it decodes,
+/// the step end another proxy shows keeps moving on, and the sender, whose own stream times the
+/// steps, is told none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_tells_the_other_sidecars_when_its_engine_steps_end() {
+    let stack = start_stack().await;
+    let signals = stack
+        .controller
+        .signals
+        .expect("the controller serves signals");
+    let mesh = spawn_mesh(&stack, 3, &[signals]).await;
+    wait_for_source(&mesh, stack.sims.len(), "service", Duration::from_secs(30)).await;
+    answered_by_all(&mesh, "warm").await;
+    let (sender, others) = (&mesh[0].1, &mesh[1..]);
+    let body = json!({
+        "model": "glm-5.3",
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+        "max_tokens": 120,
+        "stream": true,
+    });
+    // The same prompt through every proxy first, so that each watches the pool it is routed to.
+    for (i, (_, c)) in mesh.iter().enumerate() {
+        let warm = json!({"model": "glm-5.3", "messages": body["messages"], "max_tokens": 2});
+        let rsp = c.post_chat(&warm, &format!("step-warm-{i}")).await;
+        assert_eq!(rsp.status(), 200, "proxy {i}");
+        rsp.text().await.unwrap();
+    }
+    let streaming = {
+        let (c, body) = (sender.clone(), body.clone());
+        tokio::spawn(async move {
+            let rsp = c.post_chat(&body, "step-notices").await;
+            let status = rsp.status().as_u16();
+            let text = rsp.text().await.expect("the stream ends");
+            (status, text.matches("data: ").count())
+        })
+    };
+    // Each poll dates the reported step end on the test's clock (now less its age); a step end
+    // is new when it is at least 5 ms after the last one seen.
+    let mut step_ends: Vec<Vec<Instant>> = vec![Vec::new(); others.len()];
+    while !streaming.is_finished() {
+        for (i, (_, c)) in others.iter().enumerate() {
+            let now = Instant::now();
+            let reported = c
+                .endpoints()
+                .await
+                .iter()
+                .filter_map(|e| e["others_step_end_age_s"].as_f64())
+                .map(|age| now - Duration::from_secs_f64(age.max(0.0)))
+                .max();
+            if let Some(at) = reported
+                && step_ends[i]
+                    .last()
+                    .is_none_or(|last| at > *last + Duration::from_millis(5))
+            {
+                step_ends[i].push(at);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (status, events) = streaming.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(events > 10, "a stream of tokens: {events} events");
+    for (i, ends) in step_ends.iter().enumerate() {
+        assert!(
+            ends.len() >= 5,
+            "proxy {} saw the engine's steps move on only {} times",
+            i + 1,
+            ends.len()
+        );
+    }
+    assert!(
+        sender
+            .endpoints()
+            .await
+            .iter()
+            .all(|e| e["others_step_end_age_s"].is_null()),
+        "the sender's own stream times the steps; nobody else streamed"
+    );
+    eprintln!(
+        "step ends seen by the other proxies while one stream decoded ({events} events): {:?}",
+        step_ends.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+}
+
 /// Requests the simulators' API servers hold (`GET /load` of each, summed).
 async fn engines_load(http: &reqwest::Client, stack: &Stack) -> u64 {
     let mut total = 0;

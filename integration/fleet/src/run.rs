@@ -523,10 +523,42 @@ pub fn run_cell_with(
                                     at: now,
                                 },
                             );
+                            if sync.is_some()
+                                && sidecars[rec.sidecar].router.step_report(id, replica, now)
+                            {
+                                publish(
+                                    &mut q,
+                                    &mut sync,
+                                    rec.sidecar,
+                                    n_sidecars,
+                                    now,
+                                    PeerEvent::Step {
+                                        id,
+                                        replica,
+                                        at: now,
+                                    },
+                                );
+                            }
                         }
                         EngineEvent::Token { id, .. } => {
                             let sidecar = recs[id as usize].sidecar;
                             sidecars[sidecar].router.on_token(id, replica, now);
+                            if sync.is_some()
+                                && sidecars[sidecar].router.step_report(id, replica, now)
+                            {
+                                publish(
+                                    &mut q,
+                                    &mut sync,
+                                    sidecar,
+                                    n_sidecars,
+                                    now,
+                                    PeerEvent::Step {
+                                        id,
+                                        replica,
+                                        at: now,
+                                    },
+                                );
+                            }
                         }
                         EngineEvent::Preempted { .. } => preemptions += 1,
                         EngineEvent::Finished {

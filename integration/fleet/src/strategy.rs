@@ -88,6 +88,12 @@ pub trait Router: Send + std::fmt::Debug {
     fn on_first_token(&mut self, _id: u64, _replica: usize, _now: SimTime) {}
     /// A later token of request `id` arrived from `replica`.
     fn on_token(&mut self, _id: u64, _replica: usize, _now: SimTime) {}
+    /// Whether to tell the other instances (a [`PeerEvent::Step`]) that `replica`'s engine step
+    /// ended at `now`, as the token of request `id` just seen there shows (called after
+    /// [`Router::on_first_token`] and [`Router::on_token`], with replica sync only).
+    fn step_report(&mut self, _id: u64, _replica: usize, _now: SimTime) -> bool {
+        false
+    }
     /// Request `id` finished on `replica` (`output_tokens` streamed).
     fn on_complete(&mut self, _id: u64, _replica: usize, _output_tokens: u32, _now: SimTime) {}
     /// This sidecar just scraped every replica (the view holds the new values).
@@ -121,6 +127,13 @@ pub enum PeerEvent {
     },
     /// Request `id` produced its first token on `replica` at `at`.
     FirstToken {
+        id: u64,
+        replica: usize,
+        at: SimTime,
+    },
+    /// An engine step of `replica` ended at `at`, as a token of the sender's stream of request
+    /// `id` showed.
+    Step {
         id: u64,
         replica: usize,
         at: SimTime,

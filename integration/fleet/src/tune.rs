@@ -22,7 +22,8 @@ pub enum TuneError {
 const KNOWN: &str = "affinity_slack, affinity_kv_floor, affinity_key_tokens, miss_cost_weight, \
                      queue_cost_weight, prefilling_remaining_fraction, rate_alpha, \
                      rate_min_sample_steps, substitute_margin, tie_window_s, \
-                     long_step_residual_fraction";
+                     long_step_residual_fraction, step_notices (0 or 1), \
+                     step_report_interval_s";
 
 /// Applies one `name=value` setting to `config`.
 pub fn apply(config: &mut RouterConfig, setting: &str) -> Result<(), TuneError> {
@@ -50,6 +51,10 @@ pub fn apply(config: &mut RouterConfig, setting: &str) -> Result<(), TuneError> 
         "substitute_margin" => config.substitute_margin = v,
         "tie_window_s" => config.tie_window = Duration::from_secs_f64(v),
         "long_step_residual_fraction" => config.predict.long_step_residual_fraction = v,
+        "step_notices" => config.predict.step_notices = v != 0.0,
+        "step_report_interval_s" => {
+            config.predict.step_report_interval = Duration::from_secs_f64(v)
+        }
         _ => return Err(TuneError::Unknown(name.to_string())),
     }
     Ok(())

@@ -164,6 +164,16 @@ impl InFlight {
             .max()
     }
 
+    /// When the oldest request here that has had its first token was dispatched, among those
+    /// whose tokens are seen one by one (`streaming`) or all of them.
+    pub fn oldest_decoding_dispatch(&self, streaming: bool) -> Option<Time> {
+        self.requests
+            .iter()
+            .filter(|r| r.first_token_at.is_some() && (!streaming || r.last_token_at.is_some()))
+            .map(|r| r.dispatched_at)
+            .min()
+    }
+
     /// Forgets every request dispatched before `at` (other proxies' requests whose completion
     /// notice was lost).
     pub fn retain_since(&mut self, at: Time) {

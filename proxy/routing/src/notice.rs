@@ -31,6 +31,11 @@ pub enum Notice {
     /// Request `id` completed (or failed) at `at`: one that had its first token teaches the
     /// endpoint's service time, as an own one does.
     Complete { id: u64, at: Time },
+    /// An engine step of the endpoint ended at `at`, as a token of the sender's stream of
+    /// request `id` showed ([`crate::Router::step_notice`]): while that request decodes, it
+    /// times the step in progress for sidecars with no stream there (a long step is a prefill
+    /// chunk working through the queue).
+    Step { id: u64, at: Time },
 }
 
 impl Notice {

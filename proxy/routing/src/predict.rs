@@ -100,6 +100,12 @@ pub struct PredictConfig {
     /// the freshness budget is charged `weight ×` the time past it (`staleness_cost_s`), since
     /// what it holds now is unknown (a wedged endpoint's scrapes stop first). 0 turns it off.
     pub staleness_cost_weight: f64,
+    /// Whether a proxy tells the others (step notices through the signal service) when an
+    /// endpoint's engine step ended, from the tokens of its oldest stream there: what times a
+    /// long step (a prefill chunk) for sidecars without a stream of their own there.
+    pub step_notices: bool,
+    /// How often, at most, it does.
+    pub step_report_interval: Duration,
 }
 
 impl Default for PredictConfig {
@@ -123,6 +129,8 @@ impl Default for PredictConfig {
             miss_cost_weight: 3.0,
             long_step_residual_fraction: 0.25,
             staleness_cost_weight: 1.0,
+            step_notices: true,
+            step_report_interval: Duration::from_millis(10),
         }
     }
 }
@@ -443,10 +451,22 @@ pub fn predict(
     // full chunk of prefill) means the stream is not keeping up (a slow reader, a preemption):
     // not a step time.
     let longest_step_s = 2.0 * (budget_tokens / rate + decode_step_s);
-    let last_step_end = own.last_step_end();
+    // Without a later own token, another proxy's stream may have seen one: its step notices (at
+    // most one per `step_report_interval`, from the proxy with the oldest stream there, each
+    // marking a token of one of its requests, which counts while that request decodes) time the
+    // step as an own stream does, except that a silence shorter than a decode step plus that
+    // interval may be notices held back: neither a decode step's time nor a long step.
+    let own_step_end = own.last_step_end();
+    let reported_step_end = foreign
+        .last_step_end()
+        .filter(|t| own_step_end.is_none_or(|o| *t > o));
+    let last_step_end = reported_step_end.or(own_step_end);
+    let report_slack_s =
+        reported_step_end.map_or(0.0, |_| config.step_report_interval.as_secs_f64());
     let step_elapsed_s = last_step_end
         .map(|t| now.saturating_since(t).as_secs_f64())
-        .filter(|e| *e <= longest_step_s);
+        .filter(|e| *e <= longest_step_s)
+        .filter(|e| *e < decode_step_s || *e >= decode_step_s + report_slack_s);
 
     // Others' work as of the scrape, less what the engine has prefilled since (it works through
     // its queue at `rate` whoever's it is).

@@ -157,6 +157,8 @@ struct EndpointState {
     pending_prompts: Vec<(u64, Arc<[BlockHash]>)>,
     /// The same for other proxies' requests, from notices ([`Router::observe_notice_prompt`]).
     foreign_prompts: Vec<(u64, Arc<[BlockHash]>)>,
+    /// When this proxy last sent the others a step notice for this endpoint.
+    step_reported_at: Option<Time>,
 }
 
 impl EndpointState {
@@ -347,6 +349,7 @@ impl Router {
             accrual: Accrual::default(),
             pending_prompts: Vec::new(),
             foreign_prompts: Vec::new(),
+            step_reported_at: None,
         });
     }
 
@@ -392,6 +395,9 @@ impl Router {
                 if let Some(ft) = st.foreign.first_token(id, at) {
                     st.learn(&ft, at, &cfg);
                 }
+            }
+            Notice::Step { id, at } => {
+                st.foreign.token(id, at);
             }
             Notice::Complete { id, at } => {
                 st.foreign_prompts.retain(|(i, _)| *i != id);
@@ -926,6 +932,39 @@ impl Router {
         } else {
             Err(RouterError::UnknownRequest)
         }
+    }
+
+    /// The step notice to send the other proxies for a streamed token of a dispatched request
+    /// that arrived at `at` (after [`Router::observe_token`]), when this proxy reports the
+    /// endpoint's steps: its oldest stream there is older than every request the others' notices
+    /// show decoding there (so, of the proxies with streams there, about one reports), and
+    /// `step_report_interval` has passed since its last report. The step in progress is what
+    /// dates the queue (`docs/signals.md`, "Step notices").
+    pub fn step_notice(&mut self, handle: DispatchHandle, at: Time) -> Option<Notice> {
+        let (on, interval) = (
+            self.config.predict.step_notices,
+            self.config.predict.step_report_interval,
+        );
+        let st = self.handle_state(handle).ok().filter(|_| on)?;
+        let own_oldest = st.inflight.oldest_decoding_dispatch(true)?;
+        if st
+            .foreign
+            .oldest_decoding_dispatch(false)
+            .is_some_and(|t| t < own_oldest)
+        {
+            return None;
+        }
+        if st
+            .step_reported_at
+            .is_some_and(|t| at <= t || at.saturating_since(t) < interval)
+        {
+            return None;
+        }
+        st.step_reported_at = Some(at);
+        Some(Notice::Step {
+            id: handle.request_id,
+            at,
+        })
     }
 
     /// Records that a dispatched request finished (or failed, or was cancelled). Learns nothing

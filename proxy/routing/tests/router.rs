@@ -1245,3 +1245,134 @@ fn a_notice_with_the_senders_prediction_teaches_the_rate_as_an_own_request_would
         prior().prefill_tokens_per_second
     ));
 }
+
+#[test]
+fn the_proxy_with_the_oldest_stream_reports_the_endpoints_steps_at_most_once_an_interval() {
+    let model = ModelName::from("m");
+    let blocks = prompt("a prompt of its own");
+    let id = EndpointId::from("e0");
+    let mut r = fleet(1, "m", Some((Time::ZERO, 0)));
+    let d = decide(
+        &r,
+        &model,
+        std::slice::from_ref(&model),
+        100,
+        &blocks,
+        t(0.01),
+    );
+    let h = r.dispatch(&d, &blocks, t(0.01)).unwrap();
+    // No step to report before its stream has a token.
+    assert_eq!(r.step_notice(h, t(0.02)), None);
+    r.first_token(h, t(0.05)).unwrap();
+    r.observe_token(h, t(0.05)).unwrap();
+    assert_eq!(
+        r.step_notice(h, t(0.05)),
+        Some(Notice::Step {
+            id: h.request_id(),
+            at: t(0.05)
+        })
+    );
+    // Within the interval (10 ms by default), the next steps are held back; then one goes.
+    r.observe_token(h, t(0.055)).unwrap();
+    assert_eq!(r.step_notice(h, t(0.055)), None);
+    r.observe_token(h, t(0.07)).unwrap();
+    assert_eq!(
+        r.step_notice(h, t(0.07)),
+        Some(Notice::Step {
+            id: h.request_id(),
+            at: t(0.07)
+        })
+    );
+    // Another proxy's request decoding there since before this one's: that proxy reports.
+    r.observe_notice(&id, Notice::dispatch(1, t(0.0), 100, 100))
+        .unwrap();
+    r.observe_notice(&id, Notice::FirstToken { id: 1, at: t(0.1) })
+        .unwrap();
+    r.observe_token(h, t(0.2)).unwrap();
+    assert_eq!(r.step_notice(h, t(0.2)), None);
+    // Once it completes, this one is the oldest again.
+    r.observe_notice(&id, Notice::Complete { id: 1, at: t(0.21) })
+        .unwrap();
+    r.observe_token(h, t(0.22)).unwrap();
+    assert_eq!(
+        r.step_notice(h, t(0.22)),
+        Some(Notice::Step {
+            id: h.request_id(),
+            at: t(0.22)
+        })
+    );
+}
+
+#[test]
+fn another_proxys_step_notices_time_a_long_step_for_a_sidecar_without_a_stream_there() {
+    let model = ModelName::from("m");
+    let blocks = prompt("a question of its own");
+    let id = EndpointId::from("e0");
+    // Two sidecars without a stream on e0, told of the same two requests of a third: one
+    // decoding, and 20,000 uncached tokens whose prefill its sender predicted to begin at 0.5 s.
+    let told_of = || {
+        let mut r = fleet(1, "m", Some((Time::ZERO, 0)));
+        r.observe_notice(&id, Notice::dispatch(1, t(0.0), 100, 100))
+            .unwrap();
+        r.observe_notice(&id, Notice::FirstToken { id: 1, at: t(0.05) })
+            .unwrap();
+        let Notice::Dispatch(mut queued) = Notice::dispatch(2, t(0.0), 20_000, 20_000) else {
+            unreachable!()
+        };
+        queued.prefill_expected_at = t(0.5);
+        r.observe_notice(&id, Notice::Dispatch(queued)).unwrap();
+        scrape(&mut r, &id, t(0.55), 1, 1, 0.1);
+        r
+    };
+    let queued_at = |r: &Router, at: f64| {
+        decide(r, &model, std::slice::from_ref(&model), 100, &blocks, t(at))
+            .chosen()
+            .unwrap()
+            .prediction
+            .dated
+            .queued_prefill_tokens
+    };
+    // Without step notices, the schedule alone: 0.1 s of the request's prefill done at 0.6 s.
+    let blind = told_of();
+    assert!(
+        close(queued_at(&blind, 0.6), 19_000.0),
+        "{}",
+        queued_at(&blind, 0.6)
+    );
+    // Told that the last step ended at 0.1 s: a long step (a prefill chunk) has run since, 0.5 s
+    // of work at the prior's 10,000 tokens/s taken off the queue it began with.
+    let mut told = told_of();
+    told.observe_notice(&id, Notice::Step { id: 1, at: t(0.1) })
+        .unwrap();
+    assert!(
+        close(queued_at(&told, 0.6), 15_000.0),
+        "{}",
+        queued_at(&told, 0.6)
+    );
+    // The report counts while the stream that showed it decodes: once it completes, the steps
+    // are untimed again (an idle engine's last step end is no long step).
+    told.observe_notice(&id, Notice::Complete { id: 1, at: t(0.58) })
+        .unwrap();
+    assert!(
+        close(queued_at(&told, 0.6), 19_000.0),
+        "{}",
+        queued_at(&told, 0.6)
+    );
+    // A silence shorter than a decode step (20 ms) plus the report interval (10 ms) may be
+    // reports held back: no long step is read from it.
+    let mut recent = told_of();
+    recent
+        .observe_notice(
+            &id,
+            Notice::Step {
+                id: 1,
+                at: t(0.575),
+            },
+        )
+        .unwrap();
+    assert!(
+        close(queued_at(&recent, 0.6), 19_000.0),
+        "{}",
+        queued_at(&recent, 0.6)
+    );
+}

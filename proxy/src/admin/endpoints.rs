@@ -116,6 +116,12 @@ pub fn view(target: &Target) -> serde_json::Value {
                     "own_pending_requests": inflight.map(|i| i.pending()),
                     // Other proxies' requests here, as their notices told this one.
                     "others_pending_requests": router.foreign(&e.id).map(|f| f.pending()),
+                    // How long ago another proxy's stream last saw an engine step end here, as
+                    // its step notices told this one (null: no such stream decoding here).
+                    "others_step_end_age_s": router
+                        .foreign(&e.id)
+                        .and_then(|f| f.last_step_end())
+                        .map(age),
                     "prefill_tokens_per_second": router.prefill_tokens_per_second(&e.id),
                     "correction": router.correction(&e.id, now),
                     "ttft_peak_ewma_s": router.observed_latency_s(&e.id, now),

@@ -470,6 +470,7 @@ pub fn notice_of(n: &api::Notice, at: kinference_routing::Time) -> Option<Notice
         },
         api::notice::Event::FirstToken(_) => Notice::FirstToken { id, at },
         api::notice::Event::Complete(_) => Notice::Complete { id, at },
+        api::notice::Event::Step(_) => Notice::Step { id, at },
     })
 }
 
@@ -538,6 +539,7 @@ pub fn wire_notice(
         ),
         Notice::FirstToken { id, .. } => (*id, api::notice::Event::FirstToken(api::FirstToken {})),
         Notice::Complete { id, .. } => (*id, api::notice::Event::Complete(api::Complete {})),
+        Notice::Step { id, .. } => (*id, api::notice::Event::Step(api::Step {})),
     };
     api::Notice {
         path: path.to_string(),

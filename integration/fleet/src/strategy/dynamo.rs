@@ -161,6 +161,7 @@ impl Router for DynamoKv {
             }
             PeerEvent::FirstToken { id, replica, .. } => self.on_first_token(*id, *replica, now),
             PeerEvent::Complete { id, replica, .. } => self.on_complete(*id, *replica, 0, now),
+            PeerEvent::Step { .. } => {}
         }
     }
 }

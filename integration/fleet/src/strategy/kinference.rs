@@ -428,6 +428,12 @@ impl Router for Kinference {
         }
     }
 
+    fn step_report(&mut self, id: u64, _replica: usize, now: SimTime) -> bool {
+        self.handles
+            .get(&id)
+            .is_some_and(|&h| self.router.step_notice(h, time(now)).is_some())
+    }
+
     fn on_complete(&mut self, id: u64, _replica: usize, _output_tokens: u32, now: SimTime) {
         if let Some(h) = self.handles.remove(&id) {
             let _ = self.router.complete_at(h, time(now));
@@ -479,6 +485,13 @@ impl Router for Kinference {
             PeerEvent::FirstToken { id, replica, at } => (
                 *replica,
                 Notice::FirstToken {
+                    id: *id,
+                    at: time(*at),
+                },
+            ),
+            PeerEvent::Step { id, replica, at } => (
+                *replica,
+                Notice::Step {
                     id: *id,
                     at: time(*at),
                 },
