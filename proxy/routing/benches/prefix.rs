@@ -1,5 +1,6 @@
-//! Prefix hashing throughput, approximate-index lookup across 64 endpoints, and the precise
-//! mirrors: a full mirror's lookup and a stored batch that must evict.
+//! Prefix hashing throughput, approximate-index lookup across 64 endpoints (partly filled, and
+//! full so that recording evicts), and the precise mirrors: a full mirror's lookup and a stored
+//! batch that must evict.
 
 use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_main};
 use kinference_routing::{
@@ -53,6 +54,59 @@ fn prefix(c: &mut Criterion) {
     g.finish();
 }
 
+/// 64 full approximate indexes of 8,192 chunks (the `sidecar_memory --approx` fill: prompts of
+/// 256 chunks, the first 128 one of 32 shared system prompts): a lookup of a prompt whose system
+/// prompt most endpoints hold, and recording a new prompt (128 chunks new, each evicting one).
+fn approx_full(c: &mut Criterion) {
+    let mut g = c.benchmark_group("approx_full");
+    let mix = |x: u64| {
+        let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let mut next = 1u64 << 62;
+    let mut prompt = |system: u64| {
+        let hashes: Vec<u64> = (0..256u64)
+            .map(|i| {
+                if i < 128 {
+                    mix((system << 32) | i)
+                } else {
+                    next += 1;
+                    mix(next)
+                }
+            })
+            .collect();
+        PromptBlocks::from_hashes(hashes, 16)
+    };
+    let mut index = ApproxIndex::default();
+    for slot in 0..64 {
+        index.add_endpoint(slot, 8_192);
+    }
+    for k in 0..64 * 64u64 {
+        index.record((k % 64) as u32, &prompt(mix(k) % 32));
+    }
+    let probe = prompt(5);
+    let m = index.lookup(&probe);
+    assert!((0..64).filter(|&s| m.blocks(s) == 128).count() > 40);
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("lookup_64_endpoints_256_chunks", |b| {
+        b.iter(|| index.lookup(black_box(&probe)))
+    });
+    let mut k = 0u64;
+    g.bench_function("record_256_chunks_128_new", |b| {
+        b.iter_batched(
+            || {
+                k += 1;
+                ((k % 64) as u32, prompt(mix(k) % 32))
+            },
+            |(slot, p)| index.record(slot, black_box(&p)),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
 /// 64 full mirrors of 32,768 blocks (2 M hashes): a 500-block prompt held by one endpoint, looked
 /// up at all 64 (what one decision asks), and one endpoint storing 64 blocks past capacity.
 fn precise(c: &mut Criterion) {
@@ -96,5 +150,5 @@ fn precise(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, prefix, precise);
+criterion_group!(benches, prefix, approx_full, precise);
 criterion_main!(benches);

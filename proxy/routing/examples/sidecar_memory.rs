@@ -9,12 +9,22 @@
 //! the allocator's overhead. The approximate index is left empty: with precise knowledge it is not
 //! consulted for these endpoints.
 //!
+//! With `--approx`, the approximate index is filled instead, as for endpoints without KV events:
+//! `--endpoints` endpoints of `--blocks` chunks each (16-token chunks, so a cache of `--blocks`
+//! 16-token blocks), each recording prompts of `--prompt-chunks` chunks, round robin, until it has
+//! recorded `--rounds` times its capacity (so it has evicted and is in its steady state). Each
+//! prompt starts with one of `--systems` system prompts of `--system-chunks` chunks, drawn at
+//! random and so shared across endpoints; the rest of it is distinct. The state measured is the
+//! `ApproxIndex` alone (the router holds one for all endpoints).
+//!
 //! ```text
 //! cargo run --release -p kinference-routing --example sidecar_memory -- --endpoints 64 --blocks 8192
+//! cargo run --release -p kinference-routing --example sidecar_memory -- --approx --endpoints 64 --blocks 8192
 //! ```
 
 use kinference_routing::{
-    EndpointId, EndpointMeta, KvEvent, Router, RouterConfig, Scrape, Time, endpoint::CacheConfig,
+    EndpointId, EndpointMeta, KvEvent, PromptBlocks, Router, RouterConfig, Scrape, Time,
+    endpoint::CacheConfig, prefix::ApproxIndex,
 };
 
 fn arg(name: &str, default: usize) -> usize {
@@ -39,9 +49,83 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+fn flag(name: &str) -> bool {
+    std::env::args().skip(1).any(|a| a == name)
+}
+
+/// splitmix64: distinct, uniform synthetic chunk hashes.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn approx(endpoints: usize, blocks: usize) {
+    let systems = arg("--systems", 32) as u64;
+    let system_chunks = arg("--system-chunks", 128) as u64;
+    let prompt_chunks = arg("--prompt-chunks", 256) as u64;
+    let rounds = arg("--rounds", 2);
+    let before = rss_kib();
+    let mut index = ApproxIndex::default();
+    for slot in 0..endpoints as u32 {
+        // As the router does: the default capacity first, the real one once a scrape tells it.
+        index.add_endpoint(slot, 31_250);
+        index.set_capacity(slot, blocks);
+    }
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next_distinct = 1u64 << 62;
+    let mut recorded = vec![0usize; endpoints];
+    let mut prompts = 0u64;
+    while recorded.iter().any(|&r| r < rounds * blocks) {
+        for slot in 0..endpoints {
+            rng = mix(rng);
+            let system = rng % systems.max(1);
+            let hashes: Vec<u64> = (0..prompt_chunks)
+                .map(|i| {
+                    if i < system_chunks {
+                        mix((system << 32) | i)
+                    } else {
+                        next_distinct += 1;
+                        mix(next_distinct)
+                    }
+                })
+                .collect();
+            index.record(slot as u32, &PromptBlocks::from_hashes(hashes, 16));
+            recorded[slot] += prompt_chunks as usize;
+            prompts += 1;
+        }
+    }
+    let after = rss_kib();
+    let held: usize = (0..endpoints as u32).map(|s| index.held_blocks(s)).sum();
+    let distinct = index.distinct_blocks();
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let bytes = after.saturating_sub(before) * 1024;
+    println!(
+        "approximate: endpoints {endpoints}, {blocks} chunks each, {prompts} prompts of {prompt_chunks} chunks ({system_chunks} from one of {systems} system prompts)"
+    );
+    println!(
+        "held: {held} endpoint-chunks ({:.1} % of capacity), {distinct} distinct chunks ({:.1} % of held)",
+        100.0 * held as f64 / (endpoints * blocks).max(1) as f64,
+        100.0 * distinct as f64 / held.max(1) as f64
+    );
+    println!(
+        "resident: {:.1} MiB before, {:.1} MiB after: {:.1} MiB for the routing state ({:.0} bytes per endpoint-chunk, {:.0} per distinct chunk)",
+        mib(before),
+        mib(after),
+        mib(after.saturating_sub(before)),
+        bytes as f64 / held.max(1) as f64,
+        bytes as f64 / distinct.max(1) as f64
+    );
+    std::hint::black_box(&index);
+}
+
 fn main() {
     let endpoints = arg("--endpoints", 64);
     let blocks = arg("--blocks", 8192);
+    if flag("--approx") {
+        return approx(endpoints, blocks);
+    }
     let before = rss_kib();
     let mut router = Router::new(RouterConfig::default());
     let mut next_hash = 1u64;

@@ -225,6 +225,11 @@ impl ApproxIndex {
         self.lru(slot).map_or(0, LruSet::len)
     }
 
+    /// Distinct chunks held by any endpoint (for accounting).
+    pub fn distinct_blocks(&self) -> usize {
+        self.holders.len()
+    }
+
     /// Records that `slot` now holds every chunk of `prompt`. The last chunk is touched first so the
     /// prompt's head is the most recent and is evicted last, as vLLM frees a finished request's blocks
     /// tail first.
