@@ -78,7 +78,7 @@ fn approx(endpoints: usize, blocks: usize) {
     let mut recorded = vec![0usize; endpoints];
     let mut prompts = 0u64;
     while recorded.iter().any(|&r| r < rounds * blocks) {
-        for slot in 0..endpoints {
+        for (slot, recorded) in recorded.iter_mut().enumerate() {
             rng = mix(rng);
             let system = rng % systems.max(1);
             let hashes: Vec<u64> = (0..prompt_chunks)
@@ -92,7 +92,7 @@ fn approx(endpoints: usize, blocks: usize) {
                 })
                 .collect();
             index.record(slot as u32, &PromptBlocks::from_hashes(hashes, 16));
-            recorded[slot] += prompt_chunks as usize;
+            *recorded += prompt_chunks as usize;
             prompts += 1;
         }
     }

@@ -3,11 +3,12 @@
 //! A prompt whose prefix is cached skips that prefill, often most of its TTFT. Two sources answer the
 //! same question. The [`approx`] index needs nothing from the endpoint: it remembers which endpoint
 //! each prompt was sent to, as chained hashes of the prompt text, bounded per endpoint by the size of
-//! its cache with LRU eviction. The [`precise`] index mirrors the endpoint's own cache from vLLM KV
+//! its cache with (sampled) LRU eviction. The [`precise`] index mirrors the endpoint's own cache from vLLM KV
 //! events, keyed by vLLM's block hashes, which a caller-supplied [`BlockHasher`] computes (only the
 //! proxy knows the model's tokenizer).
 
 pub mod approx;
+mod holders;
 pub mod precise;
 mod stamped;
 
@@ -79,7 +80,8 @@ pub(crate) type BlockMap<V> = HashMap<BlockHash, V, HashBuild>;
 ///
 /// Recency is a stamp per entry; the queue holds `(hash, stamp)` in touch order and stale queue
 /// entries (a later touch gave the hash a newer stamp) are skipped on eviction and compacted away,
-/// so touch and evict are O(1) amortised.
+/// so touch and evict are O(1) amortised. (The router's remembered affinity keys; the prefix
+/// indexes keep their blocks in flat tables, `stamped` and `holders`.)
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LruSet {
     capacity: usize,
@@ -96,16 +98,13 @@ impl LruSet {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.stamps.len()
     }
 
     pub(crate) fn contains(&self, hash: BlockHash) -> bool {
         self.stamps.contains_key(&hash)
-    }
-
-    pub(crate) fn capacity(&self) -> usize {
-        self.capacity
     }
 
     /// Makes `hash` the most recently used; returns whether it was new.
@@ -135,13 +134,10 @@ impl LruSet {
     }
 
     /// Changes the capacity, evicting as needed.
+    #[cfg(test)]
     pub(crate) fn set_capacity(&mut self, capacity: usize, evicted: impl FnMut(BlockHash)) {
         self.capacity = capacity.max(1);
         self.evict_over_capacity(evicted);
-    }
-
-    pub(crate) fn hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.stamps.keys().copied()
     }
 }
 

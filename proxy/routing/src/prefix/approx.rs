@@ -7,11 +7,22 @@
 //! endpoint's record is bounded by its real cache size (`num_gpu_blocks` × its block size, in chunk
 //! units) with LRU eviction, as vLLM's block pool evicts.
 //!
-//! One map from chunk hash to the set of endpoints holding it serves every endpoint at once: the
-//! lookup walks the prompt's hashes in order, intersecting, and stops when no endpoint still matches,
-//! so its cost is the longest match, not the number of endpoints times the prompt.
+//! The eviction is sampled LRU: the record is a [`StampedSet`] (a flat table of hash and touch
+//! stamp, 15 bytes a chunk at capacity), and a full record drops the least recently touched of
+//! [`super::stamped::EVICTION_SAMPLES`] sampled chunks per new chunk, not the least recently
+//! touched of all. What is guaranteed: a record never holds more than its capacity, and chunks
+//! touched recently survive (to be dropped, a chunk must be older than every other sampled one, so
+//! one among the newest tenth of the record goes with probability about 10⁻⁸ per eviction); the
+//! chunk dropped is among the oldest few. Since a prompt is touched tail first, its head is the
+//! last of it to go in all likelihood, not for certain.
+//!
+//! One table from chunk hash to the set of endpoints holding it ([`Holders`], a bit mask per chunk)
+//! serves every endpoint at once: the lookup walks the prompt's hashes in order, intersecting, and
+//! stops when no endpoint still matches, so its cost is the longest match, not the number of
+//! endpoints times the prompt. A chunk costs 15 bytes in each record holding it and 20 to 30
+//! bytes once in that table (one mask word for up to 64 endpoints; the table is 53-80 % full).
 
-use super::{BlockHash, BlockMap, LruSet};
+use super::{BlockHash, holders::Holders, stamped::StampedSet};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// How prompts are cut into chunks.
@@ -92,73 +103,6 @@ impl PromptBlocks {
     }
 }
 
-/// A set of endpoint slots: the first 128 in one word pair, the rest in a vector (rarely used).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Slots {
-    low: u128,
-    high: Vec<u64>,
-}
-
-impl Slots {
-    fn insert(&mut self, slot: u32) {
-        if slot < 128 {
-            self.low |= 1 << slot;
-        } else {
-            let ix = ((slot - 128) / 64) as usize;
-            if self.high.len() <= ix {
-                self.high.resize(ix + 1, 0);
-            }
-            self.high[ix] |= 1 << ((slot - 128) % 64);
-        }
-    }
-
-    fn remove(&mut self, slot: u32) {
-        if slot < 128 {
-            self.low &= !(1 << slot);
-        } else if let Some(w) = self.high.get_mut(((slot - 128) / 64) as usize) {
-            *w &= !(1 << ((slot - 128) % 64));
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.low == 0 && self.high.iter().all(|w| *w == 0)
-    }
-
-    /// Keeps only slots also in `other`, calling `dropped` for each slot removed.
-    fn retain_in(&mut self, other: &Slots, mut dropped: impl FnMut(u32)) {
-        let mut gone = self.low & !other.low;
-        self.low &= other.low;
-        while gone != 0 {
-            dropped(gone.trailing_zeros());
-            gone &= gone - 1;
-        }
-        for (ix, w) in self.high.iter_mut().enumerate() {
-            let keep = other.high.get(ix).copied().unwrap_or(0);
-            let mut gone = *w & !keep;
-            *w &= keep;
-            while gone != 0 {
-                dropped(128 + (ix as u32) * 64 + gone.trailing_zeros());
-                gone &= gone - 1;
-            }
-        }
-    }
-
-    fn for_each(&self, mut f: impl FnMut(u32)) {
-        let mut bits = self.low;
-        while bits != 0 {
-            f(bits.trailing_zeros());
-            bits &= bits - 1;
-        }
-        for (ix, w) in self.high.iter().enumerate() {
-            let mut bits = *w;
-            while bits != 0 {
-                f(128 + (ix as u32) * 64 + bits.trailing_zeros());
-                bits &= bits - 1;
-            }
-        }
-    }
-}
-
 /// The result of one lookup: leading matched chunks per endpoint slot.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PrefixMatches {
@@ -181,8 +125,8 @@ impl PrefixMatches {
 /// The approximate index over all endpoints, addressed by dense slot numbers.
 #[derive(Clone, Debug, Default)]
 pub struct ApproxIndex {
-    holders: BlockMap<Slots>,
-    endpoints: Vec<Option<LruSet>>,
+    holders: Holders,
+    endpoints: Vec<Option<StampedSet>>,
 }
 
 impl ApproxIndex {
@@ -193,36 +137,40 @@ impl ApproxIndex {
         if self.endpoints.len() <= ix {
             self.endpoints.resize_with(ix + 1, || None);
         }
-        self.endpoints[ix] = Some(LruSet::new(capacity_blocks));
+        self.holders.make_room_for(slot);
+        self.endpoints[ix] = Some(StampedSet::growing(capacity_blocks));
     }
 
     /// Stops tracking `slot` and forgets everything it held.
     pub fn remove_endpoint(&mut self, slot: u32) {
-        let Some(lru) = self.endpoints.get_mut(slot as usize).and_then(Option::take) else {
+        let Some(record) = self.endpoints.get_mut(slot as usize).and_then(Option::take) else {
             return;
         };
-        for hash in lru.hashes() {
-            Self::unhold(&mut self.holders, hash, slot);
+        for hash in record.hashes() {
+            self.holders.remove(hash, slot);
         }
+        self.holders.shrink();
     }
 
-    /// Resizes `slot`'s record (when its cache configuration becomes known), evicting LRU chunks.
+    /// Resizes `slot`'s record (when its cache configuration becomes known), evicting the least
+    /// recently touched chunks (sampled, see the module doc).
     pub fn set_capacity(&mut self, slot: u32, capacity_blocks: usize) {
-        let Some(Some(lru)) = self.endpoints.get_mut(slot as usize) else {
+        let Some(Some(record)) = self.endpoints.get_mut(slot as usize) else {
             return;
         };
         let holders = &mut self.holders;
-        lru.set_capacity(capacity_blocks, |h| Self::unhold(holders, h, slot));
+        record.set_capacity(capacity_blocks, |h| holders.remove(h, slot));
+        holders.shrink();
     }
 
     /// The capacity of `slot`'s record, in chunks.
     pub fn capacity(&self, slot: u32) -> Option<usize> {
-        self.lru(slot).map(LruSet::capacity)
+        self.record_of(slot).map(StampedSet::capacity)
     }
 
     /// Chunks `slot` is recorded as holding.
     pub fn held_blocks(&self, slot: u32) -> usize {
-        self.lru(slot).map_or(0, LruSet::len)
+        self.record_of(slot).map_or(0, StampedSet::len)
     }
 
     /// Distinct chunks held by any endpoint (for accounting).
@@ -234,16 +182,15 @@ impl ApproxIndex {
     /// prompt's head is the most recent and is evicted last, as vLLM frees a finished request's blocks
     /// tail first.
     pub fn record(&mut self, slot: u32, prompt: &PromptBlocks) {
-        let Some(Some(lru)) = self.endpoints.get_mut(slot as usize) else {
+        let Some(Some(record)) = self.endpoints.get_mut(slot as usize) else {
             return;
         };
+        let holders = &mut self.holders;
         for &hash in prompt.hashes().iter().rev() {
-            if lru.touch(hash) {
-                self.holders.entry(hash).or_default().insert(slot);
+            if record.touch_evicting(hash, |h| holders.remove(h, slot)) {
+                holders.insert(hash, slot);
             }
         }
-        let holders = &mut self.holders;
-        lru.evict_over_capacity(|h| Self::unhold(holders, h, slot));
     }
 
     /// Leading chunks of `prompt` held by each endpoint.
@@ -253,38 +200,47 @@ impl ApproxIndex {
             block_size_tokens: prompt.block_size_tokens(),
         };
         let hashes = prompt.hashes();
-        let Some(mut active) = hashes.first().and_then(|h| self.holders.get(h)).cloned() else {
+        let Some(first) = hashes.first().and_then(|h| self.holders.get(*h)) else {
             return matches;
         };
-        for (i, hash) in hashes.iter().enumerate().skip(1) {
-            let depth = i as u32;
-            match self.holders.get(hash) {
-                Some(next) => active.retain_in(next, |slot| matches.blocks[slot as usize] = depth),
-                None => {
-                    active.for_each(|slot| matches.blocks[slot as usize] = depth);
-                    return matches;
+        // The slots matching every chunk so far; each leaves at the depth of its first miss.
+        let mut active = first.to_vec();
+        let mut set_depth = |mask: &[u64], depth: u32| {
+            for (w, &bits) in mask.iter().enumerate() {
+                let mut bits = bits;
+                while bits != 0 {
+                    let slot = w * 64 + bits.trailing_zeros() as usize;
+                    if let Some(b) = matches.blocks.get_mut(slot) {
+                        *b = depth;
+                    }
+                    bits &= bits - 1;
                 }
             }
-            if active.is_empty() {
+        };
+        let mut gone = vec![0u64; active.len()];
+        for (i, hash) in hashes.iter().enumerate().skip(1) {
+            let depth = i as u32;
+            let Some(next) = self.holders.get(*hash) else {
+                set_depth(&active, depth);
+                return matches;
+            };
+            let mut any = false;
+            for ((a, g), &n) in active.iter_mut().zip(gone.iter_mut()).zip(next) {
+                *g = *a & !n;
+                *a &= n;
+                any |= *a != 0;
+            }
+            set_depth(&gone, depth);
+            if !any {
                 return matches;
             }
         }
-        let depth = hashes.len() as u32;
-        active.for_each(|slot| matches.blocks[slot as usize] = depth);
+        set_depth(&active, hashes.len() as u32);
         matches
     }
 
-    fn lru(&self, slot: u32) -> Option<&LruSet> {
+    fn record_of(&self, slot: u32) -> Option<&StampedSet> {
         self.endpoints.get(slot as usize).and_then(Option::as_ref)
-    }
-
-    fn unhold(holders: &mut BlockMap<Slots>, hash: BlockHash, slot: u32) {
-        if let Some(s) = holders.get_mut(&hash) {
-            s.remove(slot);
-            if s.is_empty() {
-                holders.remove(&hash);
-            }
-        }
     }
 }
 
@@ -351,8 +307,79 @@ mod tests {
         );
     }
 
+    /// The holders table says exactly what the records say: every chunk a record holds is held
+    /// by that slot there, and nothing else is.
+    fn assert_consistent(ix: &ApproxIndex) {
+        let mut union = std::collections::HashSet::new();
+        for (slot, record) in ix.endpoints.iter().enumerate() {
+            for h in record.iter().flat_map(StampedSet::hashes) {
+                let mask = ix.holders.get(h).expect("a held chunk has holders");
+                assert!(mask[slot / 64] & (1 << (slot % 64)) != 0, "{h} at {slot}");
+                union.insert(h);
+            }
+        }
+        assert_eq!(ix.holders.len(), union.len());
+    }
+
+    /// Sampled LRU's guarantees: a record never exceeds its capacity, the chunk touched last (a
+    /// prompt's head) is held after its record, and the prompts recorded most recently survive
+    /// whole (here the newest tenth of each record) while older ones were evicted.
     #[test]
-    fn capacity_evicts_least_recent_prompt_tail_first() {
+    fn capacity_bounds_each_record_and_recent_prompts_survive() {
+        // Prompt k at endpoint k % 2: 10 chunks, the first 3 one of 3 system prompts.
+        let prompt = |k: u64| {
+            let hashes = (0..10u64)
+                .map(|i| {
+                    if i < 3 {
+                        1 << 40 | (k % 3) << 8 | i
+                    } else {
+                        k << 8 | i
+                    }
+                })
+                .collect();
+            PromptBlocks::from_hashes(hashes, 16)
+        };
+        let mut ix = ApproxIndex::default();
+        ix.add_endpoint(0, 1_000);
+        ix.add_endpoint(1, 1_000);
+        for k in 0..600u64 {
+            ix.record((k % 2) as u32, &prompt(k));
+            assert!(ix.held_blocks((k % 2) as u32) <= 1_000);
+            if k % 50 == 0 {
+                assert_consistent(&ix);
+            }
+        }
+        assert_eq!((ix.held_blocks(0), ix.held_blocks(1)), (1_000, 1_000));
+        assert_consistent(&ix);
+        for k in 580..600u64 {
+            assert_eq!(
+                ix.lookup(&prompt(k)).blocks((k % 2) as u32),
+                10,
+                "prompt {k}"
+            );
+        }
+        let evicted = (0..200u64)
+            .filter(|&k| ix.lookup(&prompt(k)).blocks((k % 2) as u32) < 10)
+            .count();
+        assert!(evicted > 150, "{evicted} of the oldest 200 prompts evicted");
+        // The system prompts, touched by every prompt, stay with every endpoint.
+        assert_eq!(ix.lookup(&prompt(601)).blocks(0), 3);
+        assert_eq!(ix.lookup(&prompt(601)).blocks(1), 3);
+
+        // Shrinking keeps the capacity and the newest prompt.
+        ix.set_capacity(0, 50);
+        assert_eq!((ix.held_blocks(0), ix.capacity(0)), (50, Some(50)));
+        assert_eq!(ix.lookup(&prompt(598)).blocks(0), 10);
+        assert_consistent(&ix);
+        ix.remove_endpoint(0);
+        assert_consistent(&ix);
+        ix.remove_endpoint(1);
+        assert!(ix.holders.is_empty());
+    }
+
+    /// A tiny record: full, each new chunk evicts one, and the one touched last is held.
+    #[test]
+    fn a_full_record_evicts_one_chunk_per_new_chunk() {
         let c = config();
         let mut ix = ApproxIndex::default();
         ix.add_endpoint(0, 4);
@@ -362,12 +389,38 @@ mod tests {
         let p2 = PromptBlocks::from_text(b"5555666677778888", &c);
         ix.record(0, &p2);
         assert_eq!(ix.held_blocks(0), 4);
-        assert_eq!(ix.lookup(&p1).blocks(0), 0);
-        // Shrinking evicts p2's tail first: its head stays matchable.
+        assert!(
+            ix.lookup(&p2).blocks(0) >= 1,
+            "the head just touched is held"
+        );
+        assert_consistent(&ix);
         ix.set_capacity(0, 2);
-        assert_eq!(ix.lookup(&p2).blocks(0), 2);
+        assert_eq!(ix.held_blocks(0), 2);
+        assert_consistent(&ix);
         ix.remove_endpoint(0);
         assert_eq!(ix.lookup(&p2).blocks(0), 0);
         assert!(ix.holders.is_empty());
+    }
+
+    /// Slots past 64 and 128 widen the holders' masks; lookups still count per slot.
+    #[test]
+    fn slots_beyond_a_mask_word_are_matched() {
+        let c = config();
+        let mut ix = ApproxIndex::default();
+        let shared = PromptBlocks::from_text(b"sysPsysPsysPq1q1", &c);
+        let other = PromptBlocks::from_text(b"sysPsysPxxxxq2q2", &c);
+        for slot in [3, 63, 64, 130, 250] {
+            ix.add_endpoint(slot, 100);
+            ix.record(slot, if slot % 2 == 0 { &shared } else { &other });
+        }
+        let m = ix.lookup(&shared);
+        assert_eq!(
+            [3, 63, 64, 130, 250, 251].map(|s| m.blocks(s)),
+            [2, 2, 4, 4, 4, 0]
+        );
+        ix.remove_endpoint(250);
+        assert_eq!(ix.lookup(&shared).blocks(250), 0);
+        assert_eq!(ix.lookup(&shared).blocks(130), 4);
+        assert_consistent(&ix);
     }
 }
