@@ -117,6 +117,23 @@ fn approx(endpoints: usize, blocks: usize) {
         bytes as f64 / held.max(1) as f64,
         bytes as f64 / distinct.max(1) as f64
     );
+    // What the record still answers: each system prompt's leading chunks at each endpoint.
+    let (mut whole, mut chunks) = (0usize, 0u64);
+    for system in 0..systems {
+        let hashes = (0..system_chunks)
+            .map(|i| mix((system << 32) | i))
+            .collect();
+        let m = index.lookup(&PromptBlocks::from_hashes(hashes, 16));
+        for slot in 0..endpoints as u32 {
+            whole += usize::from(u64::from(m.blocks(slot)) == system_chunks);
+            chunks += u64::from(m.blocks(slot));
+        }
+    }
+    let pairs = (endpoints as u64 * systems).max(1);
+    println!(
+        "system prompts held whole: {whole} of {pairs} (endpoint, system) pairs; {:.1} of {system_chunks} leading chunks on average",
+        chunks as f64 / pairs as f64
+    );
     std::hint::black_box(&index);
 }
 

@@ -3,12 +3,13 @@
 //! A prompt whose prefix is cached skips that prefill, often most of its TTFT. Two sources answer the
 //! same question. The [`approx`] index needs nothing from the endpoint: it remembers which endpoint
 //! each prompt was sent to, as chained hashes of the prompt text, bounded per endpoint by the size of
-//! its cache with (sampled) LRU eviction. The [`precise`] index mirrors the endpoint's own cache from vLLM KV
+//! its cache with LRU eviction. The [`precise`] index mirrors the endpoint's own cache from vLLM KV
 //! events, keyed by vLLM's block hashes, which a caller-supplied [`BlockHasher`] computes (only the
 //! proxy knows the model's tokenizer).
 
 pub mod approx;
 mod holders;
+mod lru_table;
 pub mod precise;
 mod stamped;
 
@@ -81,7 +82,7 @@ pub(crate) type BlockMap<V> = HashMap<BlockHash, V, HashBuild>;
 /// Recency is a stamp per entry; the queue holds `(hash, stamp)` in touch order and stale queue
 /// entries (a later touch gave the hash a newer stamp) are skipped on eviction and compacted away,
 /// so touch and evict are O(1) amortised. (The router's remembered affinity keys; the prefix
-/// indexes keep their blocks in flat tables, `stamped` and `holders`.)
+/// indexes keep their blocks in flat tables: `stamped`, `lru_table` and `holders`.)
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LruSet {
     capacity: usize,

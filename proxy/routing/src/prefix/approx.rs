@@ -7,22 +7,18 @@
 //! endpoint's record is bounded by its real cache size (`num_gpu_blocks` × its block size, in chunk
 //! units) with LRU eviction, as vLLM's block pool evicts.
 //!
-//! The eviction is sampled LRU: the record is a [`StampedSet`] (a flat table of hash and touch
-//! stamp, 15 bytes a chunk at capacity), and a full record drops the least recently touched of
-//! [`super::stamped::EVICTION_SAMPLES`] sampled chunks per new chunk, not the least recently
-//! touched of all. What is guaranteed: a record never holds more than its capacity, and chunks
-//! touched recently survive (to be dropped, a chunk must be older than every other sampled one, so
-//! one among the newest tenth of the record goes with probability about 10⁻⁸ per eviction); the
-//! chunk dropped is among the oldest few. Since a prompt is touched tail first, its head is the
-//! last of it to go in all likelihood, not for certain.
+//! Each record is an [`LruTable`]: one flat table of hash and recency links, 20 bytes a chunk at
+//! capacity, exact LRU (a sampled LRU, as the precise mirrors' [`super::stamped`] tables evict,
+//! would cut long prefixes early: a prefix only matches up to its first missing chunk, and each of
+//! its chunks would be at risk long before it is the oldest).
 //!
 //! One table from chunk hash to the set of endpoints holding it ([`Holders`], a bit mask per chunk)
 //! serves every endpoint at once: the lookup walks the prompt's hashes in order, intersecting, and
 //! stops when no endpoint still matches, so its cost is the longest match, not the number of
-//! endpoints times the prompt. A chunk costs 15 bytes in each record holding it and 20 to 30
+//! endpoints times the prompt. A chunk costs 20 bytes in each record holding it and 20 to 30
 //! bytes once in that table (one mask word for up to 64 endpoints; the table is 53-80 % full).
 
-use super::{BlockHash, holders::Holders, stamped::StampedSet};
+use super::{BlockHash, holders::Holders, lru_table::LruTable};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// How prompts are cut into chunks.
@@ -126,7 +122,7 @@ impl PrefixMatches {
 #[derive(Clone, Debug, Default)]
 pub struct ApproxIndex {
     holders: Holders,
-    endpoints: Vec<Option<StampedSet>>,
+    endpoints: Vec<Option<LruTable>>,
 }
 
 impl ApproxIndex {
@@ -138,7 +134,7 @@ impl ApproxIndex {
             self.endpoints.resize_with(ix + 1, || None);
         }
         self.holders.make_room_for(slot);
-        self.endpoints[ix] = Some(StampedSet::growing(capacity_blocks));
+        self.endpoints[ix] = Some(LruTable::new(capacity_blocks));
     }
 
     /// Stops tracking `slot` and forgets everything it held.
@@ -152,8 +148,7 @@ impl ApproxIndex {
         self.holders.shrink();
     }
 
-    /// Resizes `slot`'s record (when its cache configuration becomes known), evicting the least
-    /// recently touched chunks (sampled, see the module doc).
+    /// Resizes `slot`'s record (when its cache configuration becomes known), evicting LRU chunks.
     pub fn set_capacity(&mut self, slot: u32, capacity_blocks: usize) {
         let Some(Some(record)) = self.endpoints.get_mut(slot as usize) else {
             return;
@@ -165,12 +160,12 @@ impl ApproxIndex {
 
     /// The capacity of `slot`'s record, in chunks.
     pub fn capacity(&self, slot: u32) -> Option<usize> {
-        self.record_of(slot).map(StampedSet::capacity)
+        self.record_of(slot).map(LruTable::capacity)
     }
 
     /// Chunks `slot` is recorded as holding.
     pub fn held_blocks(&self, slot: u32) -> usize {
-        self.record_of(slot).map_or(0, StampedSet::len)
+        self.record_of(slot).map_or(0, LruTable::len)
     }
 
     /// Distinct chunks held by any endpoint (for accounting).
@@ -205,42 +200,45 @@ impl ApproxIndex {
         };
         // The slots matching every chunk so far; each leaves at the depth of its first miss.
         let mut active = first.to_vec();
-        let mut set_depth = |mask: &[u64], depth: u32| {
-            for (w, &bits) in mask.iter().enumerate() {
-                let mut bits = bits;
-                while bits != 0 {
-                    let slot = w * 64 + bits.trailing_zeros() as usize;
-                    if let Some(b) = matches.blocks.get_mut(slot) {
-                        *b = depth;
-                    }
-                    bits &= bits - 1;
-                }
-            }
-        };
-        let mut gone = vec![0u64; active.len()];
         for (i, hash) in hashes.iter().enumerate().skip(1) {
             let depth = i as u32;
             let Some(next) = self.holders.get(*hash) else {
-                set_depth(&active, depth);
+                for (w, &bits) in active.iter().enumerate() {
+                    mark(&mut matches.blocks, w, bits, depth);
+                }
                 return matches;
             };
-            let mut any = false;
-            for ((a, g), &n) in active.iter_mut().zip(gone.iter_mut()).zip(next) {
-                *g = *a & !n;
-                *a &= n;
-                any |= *a != 0;
+            let mut any = 0;
+            for (w, (a, &n)) in active.iter_mut().zip(next).enumerate() {
+                let gone = *a & !n;
+                if gone != 0 {
+                    mark(&mut matches.blocks, w, gone, depth);
+                    *a &= n;
+                }
+                any |= *a;
             }
-            set_depth(&gone, depth);
-            if !any {
+            if any == 0 {
                 return matches;
             }
         }
-        set_depth(&active, hashes.len() as u32);
+        for (w, &bits) in active.iter().enumerate() {
+            mark(&mut matches.blocks, w, bits, hashes.len() as u32);
+        }
         matches
     }
 
-    fn record_of(&self, slot: u32) -> Option<&StampedSet> {
+    fn record_of(&self, slot: u32) -> Option<&LruTable> {
         self.endpoints.get(slot as usize).and_then(Option::as_ref)
+    }
+}
+
+/// Sets `depth` for the slots of mask word `word` whose bits are set.
+fn mark(blocks: &mut [u32], word: usize, mut bits: u64, depth: u32) {
+    while bits != 0 {
+        if let Some(b) = blocks.get_mut(word * 64 + bits.trailing_zeros() as usize) {
+            *b = depth;
+        }
+        bits &= bits - 1;
     }
 }
 
@@ -312,7 +310,7 @@ mod tests {
     fn assert_consistent(ix: &ApproxIndex) {
         let mut union = std::collections::HashSet::new();
         for (slot, record) in ix.endpoints.iter().enumerate() {
-            for h in record.iter().flat_map(StampedSet::hashes) {
+            for h in record.iter().flat_map(LruTable::hashes) {
                 let mask = ix.holders.get(h).expect("a held chunk has holders");
                 assert!(mask[slot / 64] & (1 << (slot % 64)) != 0, "{h} at {slot}");
                 union.insert(h);
@@ -321,9 +319,9 @@ mod tests {
         assert_eq!(ix.holders.len(), union.len());
     }
 
-    /// Sampled LRU's guarantees: a record never exceeds its capacity, the chunk touched last (a
-    /// prompt's head) is held after its record, and the prompts recorded most recently survive
-    /// whole (here the newest tenth of each record) while older ones were evicted.
+    /// Through many prompts over two endpoints sharing system prompts: a record never exceeds
+    /// its capacity, the holders table always agrees with the records, the prompts recorded
+    /// most recently survive whole while older ones were evicted, and shrinking keeps the newest.
     #[test]
     fn capacity_bounds_each_record_and_recent_prompts_survive() {
         // Prompt k at endpoint k % 2: 10 chunks, the first 3 one of 3 system prompts.
@@ -377,9 +375,8 @@ mod tests {
         assert!(ix.holders.is_empty());
     }
 
-    /// A tiny record: full, each new chunk evicts one, and the one touched last is held.
     #[test]
-    fn a_full_record_evicts_one_chunk_per_new_chunk() {
+    fn capacity_evicts_least_recent_prompt_tail_first() {
         let c = config();
         let mut ix = ApproxIndex::default();
         ix.add_endpoint(0, 4);
@@ -389,14 +386,10 @@ mod tests {
         let p2 = PromptBlocks::from_text(b"5555666677778888", &c);
         ix.record(0, &p2);
         assert_eq!(ix.held_blocks(0), 4);
-        assert!(
-            ix.lookup(&p2).blocks(0) >= 1,
-            "the head just touched is held"
-        );
-        assert_consistent(&ix);
+        assert_eq!(ix.lookup(&p1).blocks(0), 0);
+        // Shrinking evicts p2's tail first: its head stays matchable.
         ix.set_capacity(0, 2);
-        assert_eq!(ix.held_blocks(0), 2);
-        assert_consistent(&ix);
+        assert_eq!(ix.lookup(&p2).blocks(0), 2);
         ix.remove_endpoint(0);
         assert_eq!(ix.lookup(&p2).blocks(0), 0);
         assert!(ix.holders.is_empty());

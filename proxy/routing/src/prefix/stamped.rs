@@ -1,5 +1,4 @@
-//! A bounded set of block hashes in one flat table, for the precise mirrors and the approximate
-//! index's per-endpoint records.
+//! A bounded set of block hashes in one flat table, for the precise mirrors.
 //!
 //! A sidecar mirrors every endpoint's whole prefix cache (issue 21: 64 endpoints with full prefix
 //! knowledge in 64 MiB), so the set's bytes per block are the sidecar's memory. [`super::LruSet`]
@@ -11,10 +10,6 @@
 //! may be approximate: it samples [`EVICTION_SAMPLES`] occupied slots and drops the one touched
 //! least recently, as Redis approximates LRU. Blocks touched recently are kept; the block
 //! dropped is among the oldest few of the set with high probability.
-//!
-//! A precise mirror's table is sized for its capacity at once ([`StampedSet::new`]). The
-//! approximate index's records start small and double as they fill, up to that size
-//! ([`StampedSet::growing`]), since an endpoint may be sent far fewer prompts than its cache holds.
 
 use super::BlockHash;
 
@@ -33,8 +28,6 @@ pub(crate) struct StampedSet {
     len: usize,
     capacity: usize,
     next_stamp: u32,
-    /// Whether the table starts small and doubles as it fills (else it is sized for `capacity`).
-    growing: bool,
     /// xorshift state for the eviction samples (deterministic: the same events, the same set).
     rng: u64,
 }
@@ -44,31 +37,18 @@ fn slots_for(capacity: usize) -> usize {
     (capacity.saturating_mul(5) / 4).max(capacity + 1).max(8)
 }
 
-/// The first table of a growing set.
-const GROWING_SLOTS: usize = 64;
-
 /// Spreads a hash over the table: vLLM's block hashes are uniform, but tests and synthetic
-/// hashes are small integers, which would all land at the table's start.
+/// hashes are small integers, which would all land at the table's start. (The approximate
+/// index's flat tables use it too.)
 pub(super) fn mix(h: u64) -> u64 {
     let h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^ (h >> 33)
 }
 
 impl StampedSet {
-    /// A set of at most `capacity` hashes, its table sized for them at once.
     pub(crate) fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
-        Self::with_slots(capacity, slots_for(capacity), false)
-    }
-
-    /// A set of at most `capacity` hashes whose table starts small and doubles as it fills
-    /// (at most 80 % full), up to the size [`StampedSet::new`] gives it.
-    pub(crate) fn growing(capacity: usize) -> Self {
-        let capacity = capacity.max(1);
-        Self::with_slots(capacity, slots_for(capacity).min(GROWING_SLOTS), true)
-    }
-
-    fn with_slots(capacity: usize, n: usize, growing: bool) -> Self {
+        let n = slots_for(capacity);
         Self {
             keys: vec![EMPTY; n],
             stamps: vec![0; n],
@@ -76,25 +56,12 @@ impl StampedSet {
             len: 0,
             capacity,
             next_stamp: 1,
-            growing,
             rng: 0x9e37_79b9_7f4a_7c15,
         }
     }
 
     pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    pub(crate) fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Every hash held, in no particular order.
-    pub(crate) fn hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.zero
-            .map(|_| EMPTY)
-            .into_iter()
-            .chain(self.keys.iter().copied().filter(|&k| k != EMPTY))
     }
 
     /// The table's size in bytes (its slots), for accounting.
@@ -144,23 +111,11 @@ impl StampedSet {
     /// Makes `h` the most recently touched, evicting one entry first when the set is full;
     /// returns whether it was new.
     pub(crate) fn touch(&mut self, h: BlockHash) -> bool {
-        self.touch_evicting(h, |_| {})
-    }
-
-    /// [`StampedSet::touch`], reporting the hash evicted to make room, if any.
-    pub(crate) fn touch_evicting(
-        &mut self,
-        h: BlockHash,
-        mut evicted: impl FnMut(BlockHash),
-    ) -> bool {
         let stamp = self.stamp();
         if h == EMPTY {
             let new = self.zero.is_none();
-            if new
-                && self.len >= self.capacity
-                && let Some(e) = self.evict_one()
-            {
-                evicted(e);
+            if new && self.len >= self.capacity {
+                self.evict_one();
             }
             if new {
                 self.len += 1;
@@ -172,17 +127,8 @@ impl StampedSet {
             self.stamps[i] = stamp;
             return false;
         }
-        if self.len >= self.capacity
-            && let Some(e) = self.evict_one()
-        {
-            evicted(e);
-        }
-        let in_table = self.len - usize::from(self.zero.is_some());
-        if self.growing && (in_table + 1) * 5 > self.keys.len() * 4 {
-            let max = slots_for(self.capacity);
-            if self.keys.len() < max {
-                self.rebuild((self.keys.len() * 2).min(max));
-            }
+        if self.len >= self.capacity {
+            self.evict_one();
         }
         self.place(h, stamp);
         true
@@ -299,35 +245,23 @@ impl StampedSet {
         }
     }
 
-    /// Changes the capacity, evicting as needed; the table is rebuilt at the new size (a growing
-    /// set's only when it is larger than the new capacity needs).
+    /// Changes the capacity, evicting as needed; the table is rebuilt at the new size.
     pub(crate) fn set_capacity(&mut self, capacity: usize, evicted: impl FnMut(BlockHash)) {
         self.capacity = capacity.max(1);
         self.evict_over_capacity(evicted);
-        let max = slots_for(self.capacity);
-        let slots = if self.growing {
-            self.keys.len().min(max)
-        } else {
-            max
-        };
-        if slots != self.keys.len() {
-            self.rebuild(slots);
-        }
-    }
-
-    /// Moves every entry into a table of `slots` slots (more than the entries held).
-    fn rebuild(&mut self, slots: usize) {
-        let mut table = Self::with_slots(self.capacity, slots, self.growing);
-        table.next_stamp = self.next_stamp;
-        table.rng = self.rng;
-        table.zero = self.zero;
-        table.len = usize::from(self.zero.is_some());
-        for (&k, &s) in self.keys.iter().zip(&self.stamps) {
-            if k != EMPTY {
-                table.place(k, s);
+        if slots_for(self.capacity) != self.keys.len() {
+            let mut table = Self::new(self.capacity);
+            table.next_stamp = self.next_stamp;
+            table.rng = self.rng;
+            table.zero = self.zero;
+            table.len = usize::from(self.zero.is_some());
+            for (&k, &s) in self.keys.iter().zip(&self.stamps) {
+                if k != EMPTY {
+                    table.place(k, s);
+                }
             }
+            *self = table;
         }
-        *self = table;
     }
 
     pub(crate) fn clear(&mut self) {
@@ -411,73 +345,6 @@ mod tests {
         set.clear();
         assert_eq!(set.len(), 0);
         assert!(!set.contains(5) && !set.contains(0));
-    }
-
-    /// A growing set agrees with the `HashSet` model as well, across its doublings, and
-    /// reports each hash it evicts to make room exactly once.
-    #[test]
-    fn a_growing_set_holds_what_a_hash_set_holds_and_reports_evictions() {
-        let mut set = StampedSet::growing(1_000);
-        let mut model: HashSet<u64> = HashSet::new();
-        let mut x = 11u64;
-        for step in 0..100_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let h = x % 3_000; // 0 included
-            if step % 5 == 0 {
-                assert_eq!(set.remove(h), model.remove(&h), "remove {h} at {step}");
-            } else {
-                let mut evicted = Vec::new();
-                let new = set.touch_evicting(h, |e| evicted.push(e));
-                assert_eq!(new, model.insert(h), "touch {h} at {step}");
-                assert!(evicted.len() <= 1);
-                for e in evicted {
-                    assert!(e != h && model.remove(&e), "evicted {e} at {step}");
-                }
-            }
-            assert_eq!(set.len(), model.len());
-            assert!(set.len() <= 1_000);
-        }
-        let mut held: Vec<u64> = set.hashes().collect();
-        held.sort_unstable();
-        let mut want: Vec<u64> = model.into_iter().collect();
-        want.sort_unstable();
-        assert_eq!(held, want);
-    }
-
-    /// A growing set's table follows what it holds, up to the size a set built for its capacity
-    /// has; a capacity change keeps what fits.
-    #[test]
-    fn a_growing_table_doubles_as_it_fills_up_to_its_capacity() {
-        let mut set = StampedSet::growing(10_000);
-        let start = set.table_bytes();
-        assert!(start < 1_000, "{start} bytes empty");
-        for h in 1..=1_000u64 {
-            set.touch(h);
-        }
-        let part = set.table_bytes();
-        assert!(part < StampedSet::new(10_000).table_bytes() / 4, "{part}");
-        assert!(
-            part as f64 / 1_000.0 <= 2.0 * 15.01,
-            "{part} bytes for 1,000"
-        );
-        for h in 1_001..=30_000u64 {
-            set.touch(h);
-        }
-        assert_eq!(set.len(), 10_000);
-        assert_eq!(set.table_bytes(), StampedSet::new(10_000).table_bytes());
-        assert!(
-            (29_001..=30_000u64).all(|h| set.contains(h)),
-            "recent entries kept"
-        );
-        let mut out = 0;
-        set.set_capacity(100, |_| out += 1);
-        assert_eq!((out, set.len()), (9_900, 100));
-        assert_eq!(set.table_bytes(), StampedSet::new(100).table_bytes());
-        set.set_capacity(1_000_000, |_| panic!("nothing to evict"));
-        assert_eq!(set.table_bytes(), StampedSet::new(100).table_bytes());
-        assert_eq!(set.capacity(), 1_000_000);
     }
 
     #[test]
