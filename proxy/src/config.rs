@@ -190,6 +190,18 @@ pub struct Config {
     )]
     pub signals_fallback_interval_ms: u64,
 
+    /// How often, at most, this proxy tells the others through the signal service that an
+    /// endpoint's engine step ended, when its oldest stream there is the oldest the mesh has (step
+    /// notices; docs/signals.md, "Step notices"), in milliseconds; 0 turns them off. A receiver
+    /// reads a silence shorter than a decode step plus this interval as untimed, so the mesh
+    /// should share one value.
+    #[arg(
+        long,
+        env = "KINFERENCE_PROXY_SIGNALS_STEP_INTERVAL_MS",
+        default_value_t = 10
+    )]
+    pub signals_step_interval_ms: u64,
+
     /// How long to connect to an endpoint before trying the next one, in milliseconds.
     #[arg(
         long,
@@ -332,6 +344,8 @@ impl Config {
         } else {
             self.failure_accrual
         };
+        c.predict.step_notices = self.signals_step_interval_ms > 0;
+        c.predict.step_report_interval = Duration::from_millis(self.signals_step_interval_ms);
         c
     }
 
@@ -408,6 +422,13 @@ mod tests {
             ]
         );
         assert_eq!(c.response_timeout(), None);
+        let r = c.router_config();
+        assert!(r.predict.step_notices);
+        assert_eq!(r.predict.step_report_interval, Duration::from_millis(10));
+        let off = Config::try_parse_from(["kinference-proxy", "--signals-step-interval-ms", "0"])
+            .unwrap()
+            .router_config();
+        assert!(!off.predict.step_notices);
     }
 
     #[test]
@@ -418,6 +439,7 @@ mod tests {
             ("KINFERENCE_PROXY_WORKLOAD_LABELS", "app=web,tier=gold"),
             ("KINFERENCE_PROXY_ALLOW_TENANT_HEADER", "true"),
             ("KINFERENCE_PROXY_POD_NAME", "web-0"),
+            ("KINFERENCE_PROXY_SIGNALS_STEP_INTERVAL_MS", "25"),
             ("RUST_LOG", "debug"),
         ])
         .unwrap();
@@ -425,6 +447,10 @@ mod tests {
         assert_eq!(c.pod_name.as_deref(), Some("web-0"));
         assert!(c.allow_tenant_header);
         assert_eq!(c.workload_label_pairs().len(), 2);
+        assert_eq!(
+            c.router_config().predict.step_report_interval,
+            Duration::from_millis(25)
+        );
         let e = Config::from_env_vars([("KINFERENCE_PROXY_TYPO", "1")]).unwrap_err();
         assert!(e.to_string().contains("KINFERENCE_PROXY_TYPO"), "{e}");
         assert!(Config::from_env_vars([("KINFERENCE_PROXY_LISTEN_ADDR", "nope")]).is_err());

@@ -198,6 +198,46 @@ fn publish(
     now: SimTime,
     event: PeerEvent,
 ) {
+    publish_held(q, sync, from, n, now, Duration::ZERO, event);
+}
+
+/// A step notice through the signal service: it holds each endpoint's newest and moves it into
+/// the watchers' state once per `flush` (its load interval), so it reaches the sidecars at the
+/// first tick after it arrived, a hop (half the notice delay) later.
+fn publish_step(
+    q: &mut EventQueue,
+    sync: &mut Option<Sync>,
+    (from, n): (usize, usize),
+    now: SimTime,
+    flush: Duration,
+    (id, replica): (u64, usize),
+) {
+    let Some(delay) = sync.as_ref().map(|s| s.delay) else {
+        return;
+    };
+    let arrives = now + delay / 2;
+    let tick = flush.as_nanos().max(1);
+    let moved = Duration::from_nanos(
+        u64::try_from(arrives.as_nanos().div_ceil(tick) * tick).unwrap_or(u64::MAX),
+    );
+    let event = PeerEvent::Step {
+        id,
+        replica,
+        at: now,
+    };
+    publish_held(q, sync, from, n, now, moved - arrives, event);
+}
+
+/// [`publish`], delivered `held` later than the notice delay.
+fn publish_held(
+    q: &mut EventQueue,
+    sync: &mut Option<Sync>,
+    from: usize,
+    n: usize,
+    now: SimTime,
+    held: Duration,
+    event: PeerEvent,
+) {
     let Some(Sync { delay, loss, rng }) = sync else {
         return;
     };
@@ -206,7 +246,7 @@ fn publish(
             continue;
         }
         q.push(
-            now + *delay,
+            now + *delay + held,
             Event::Peer {
                 instance,
                 event: event.clone(),
@@ -526,17 +566,13 @@ pub fn run_cell_with(
                             if sync.is_some()
                                 && sidecars[rec.sidecar].router.step_report(id, replica, now)
                             {
-                                publish(
+                                publish_step(
                                     &mut q,
                                     &mut sync,
-                                    rec.sidecar,
-                                    n_sidecars,
+                                    (rec.sidecar, n_sidecars),
                                     now,
-                                    PeerEvent::Step {
-                                        id,
-                                        replica,
-                                        at: now,
-                                    },
+                                    cfg.signals_load_interval,
+                                    (id, replica),
                                 );
                             }
                         }
@@ -546,17 +582,13 @@ pub fn run_cell_with(
                             if sync.is_some()
                                 && sidecars[sidecar].router.step_report(id, replica, now)
                             {
-                                publish(
+                                publish_step(
                                     &mut q,
                                     &mut sync,
-                                    sidecar,
-                                    n_sidecars,
+                                    (sidecar, n_sidecars),
                                     now,
-                                    PeerEvent::Step {
-                                        id,
-                                        replica,
-                                        at: now,
-                                    },
+                                    cfg.signals_load_interval,
+                                    (id, replica),
                                 );
                             }
                         }

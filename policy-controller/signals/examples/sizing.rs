@@ -5,7 +5,8 @@
 //! changed (the counters move), so every read is a delta. Then opens `--watchers` `Watch` streams
 //! (tonic clients, spread round-robin over `--connections` HTTP/2 connections; default one per
 //! watcher, as sidecars each hold their own) and `--notifiers` `Notify` streams, each sending
-//! `--notice-rate` notices a second (dispatch, first token, completion in turn). After a second
+//! `--notice-rate` notices a second (dispatch, first token, completion in turn; with
+//! `--notice-kind step`, step notices only, as a stream's step reports). After a second
 //! of warm-up it counts for `--seconds` and prints, per watcher, messages/s, readings/s,
 //! notices/s and bytes/s (the sum of `prost::Message::encoded_len` of the messages received: the
 //! gRPC and HTTP/2 framing is not counted), the delay from read to receipt, the process's CPU
@@ -46,6 +47,9 @@ struct Args {
     connections: usize,
     notifiers: usize,
     notice_rate: f64,
+    /// The notifiers send only step notices (the oldest stream's, `--notice-kind step`), not a
+    /// request's three in turn.
+    steps: bool,
     seconds: f64,
     interval_ms: u64,
     load_interval_ms: u64,
@@ -59,6 +63,7 @@ fn parse_args() -> Args {
         connections: 0,
         notifiers: 0,
         notice_rate: 10.0,
+        steps: false,
         seconds: 10.0,
         interval_ms: 50,
         load_interval_ms: 10,
@@ -75,6 +80,13 @@ fn parse_args() -> Args {
             "--connections" => a.connections = number(&flag, &value),
             "--notifiers" => a.notifiers = number(&flag, &value),
             "--notice-rate" => a.notice_rate = number(&flag, &value),
+            "--notice-kind" => {
+                a.steps = match value.as_str() {
+                    "step" => true,
+                    "request" => false,
+                    _ => usage(&format!("{flag} {value:?} is neither step nor request")),
+                }
+            }
             "--seconds" => a.seconds = number(&flag, &value),
             "--interval-ms" => a.interval_ms = number(&flag, &value),
             "--refresh-ms" => a.refresh_ms = number(&flag, &value),
@@ -97,7 +109,8 @@ fn number<T: std::str::FromStr>(flag: &str, value: &str) -> T {
 fn usage(why: &str) -> ! {
     eprintln!(
         "{why}\nusage: sizing [--endpoints E] [--watchers W] [--connections C] [--notifiers N] \
-         [--notice-rate R] [--seconds T] [--interval-ms MS] [--refresh-ms MS]"
+         [--notice-rate R] [--notice-kind request|step] [--seconds T] [--interval-ms MS] \
+         [--refresh-ms MS]"
     );
     std::process::exit(2)
 }
@@ -355,6 +368,7 @@ async fn notifier(
     mut client: EngineSignalsClient<Channel>,
     index: usize,
     rate: f64,
+    steps: bool,
     endpoints: usize,
     phase: Arc<AtomicU8>,
     sent: Arc<AtomicU64>,
@@ -372,8 +386,12 @@ async fn notifier(
     while phase.load(Ordering::Relaxed) != DONE {
         tick.tick().await;
         let addr = endpoint_addr(usize::try_from(id).unwrap_or(0) % endpoints.max(1));
+        let mut notice = synthetic_notice(&sender, id, addr);
+        if steps {
+            notice.event = Some(api::notice::Event::Step(api::Step {}));
+        }
         let batch = api::NoticeBatch {
-            notices: vec![synthetic_notice(&sender, id, addr)],
+            notices: vec![notice],
         };
         id += 1;
         if tx.send(batch).await.is_err() {
@@ -493,6 +511,7 @@ async fn run(args: Args) {
             EngineSignalsClient::new(channel),
             i,
             args.notice_rate,
+            args.steps,
             args.endpoints,
             phase.clone(),
             sent.clone(),

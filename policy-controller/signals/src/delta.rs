@@ -10,6 +10,7 @@
 use kinference_proxy_api::signals as api;
 use std::{
     collections::{BTreeMap, HashMap},
+    sync::Arc,
     time::Duration,
 };
 use tokio::time::Instant;
@@ -37,6 +38,9 @@ pub struct PoolState {
     pub endpoints: BTreeMap<String, Entry>,
     /// `GET /load`, read apart from the metrics and more often.
     pub loads: BTreeMap<String, LoadEntry>,
+    /// The latest step notice on each endpoint (docs/signals.md, "Step notices"), with when it
+    /// arrived: a value, not a queue, so a stream sends each endpoint's newest one once.
+    pub steps: BTreeMap<String, (Instant, Arc<api::Notice>)>,
 }
 
 /// What one stream has sent: each endpoint's values and the read time of that copy.
@@ -44,6 +48,8 @@ pub struct PoolState {
 pub struct Sent {
     held: HashMap<String, (api::EndpointReading, Instant)>,
     loads: HashMap<String, LoadEntry>,
+    /// When each endpoint's step notice sent last had arrived.
+    steps: HashMap<String, Instant>,
 }
 
 /// Whether a held copy read at `held_at` is to be sent again: its value changed, or a newer read
@@ -97,6 +103,20 @@ pub fn next(
         held.loads.insert(addr.clone(), *l);
     }
     held.loads.retain(|a, _| state.loads.contains_key(a));
+    let mut notices = Vec::new();
+    for (addr, (arrived, n)) in &state.steps {
+        if held.steps.get(addr) == Some(arrived) {
+            continue;
+        }
+        let mut n = (**n).clone();
+        let held_for = now.saturating_duration_since(*arrived).as_micros();
+        n.age_us = n
+            .age_us
+            .saturating_add(u64::try_from(held_for).unwrap_or(u64::MAX));
+        notices.push(n);
+        held.steps.insert(addr.clone(), *arrived);
+    }
+    held.steps.retain(|a, _| state.steps.contains_key(a));
     let mut removed: Vec<String> = held
         .held
         .keys()
@@ -107,7 +127,8 @@ pub fn next(
     for a in &removed {
         held.held.remove(a);
     }
-    if !full && readings.is_empty() && loads.is_empty() && removed.is_empty() {
+    if !full && readings.is_empty() && loads.is_empty() && removed.is_empty() && notices.is_empty()
+    {
         return None;
     }
     Some(api::SignalsUpdate {
@@ -116,6 +137,7 @@ pub fn next(
         readings,
         removed,
         loads,
+        notices,
         ..Default::default()
     })
 }
@@ -147,6 +169,7 @@ mod tests {
                 })
                 .collect(),
             loads: BTreeMap::new(),
+            steps: BTreeMap::new(),
         }
     }
 
@@ -306,6 +329,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!(m.loads, vec![load("b:1", 4, 1)]);
+    }
+
+    /// Each endpoint's newest step notice goes out once, aged by the time the service held it;
+    /// one that did not change is not sent again.
+    #[tokio::test(start_paused = true)]
+    async fn a_step_notice_is_sent_once_per_change_aged_by_its_hold() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let step = |id: u64| {
+            Arc::new(api::Notice {
+                addr: "a:1".into(),
+                sender: "s".into(),
+                request_id: id,
+                age_us: 300,
+                event: Some(api::notice::Event::Step(api::Step {})),
+                ..Default::default()
+            })
+        };
+        let mut state = PoolState::default();
+        state.steps.insert("a:1".into(), (t0, step(7)));
+        let mut sent = None;
+        let m = next(&mut sent, &state, t0 + ms(4), REFRESH).unwrap();
+        assert_eq!(m.notices.len(), 1);
+        assert_eq!((m.notices[0].request_id, m.notices[0].age_us), (7, 4_300));
+        assert!(next(&mut sent, &state, t0 + ms(6), REFRESH).is_none());
+        state.steps.insert("a:1".into(), (t0 + ms(10), step(8)));
+        let m = next(&mut sent, &state, t0 + ms(12), REFRESH).unwrap();
+        assert_eq!((m.notices[0].request_id, m.notices[0].age_us), (8, 2_300));
     }
 
     #[tokio::test(start_paused = true)]

@@ -111,6 +111,10 @@ struct Pool {
     state: watch::Receiver<PoolState>,
     task: JoinHandle<()>,
     notices: broadcast::Sender<Relayed>,
+    /// Step notices not yet in the state, the newest per endpoint: the pool's loop moves them
+    /// there once per load interval, so that however often streams' steps end, they add at most
+    /// that many wake-ups to each watcher.
+    steps: Arc<Mutex<HashMap<String, Relayed>>>,
     prefix: Arc<PoolPrefix>,
 }
 
@@ -253,9 +257,11 @@ where
             None => {
                 let (tx, rx) = watch::channel(PoolState::default());
                 let prefix = Arc::new(PoolPrefix::default());
+                let steps = Arc::new(Mutex::new(HashMap::new()));
                 let task = tokio::spawn(follow(
                     endpoints,
                     tx,
+                    steps.clone(),
                     Reader {
                         probe: self.inner.probe.clone(),
                         engine,
@@ -271,6 +277,7 @@ where
                     state: rx,
                     task,
                     notices: broadcast::channel(NOTICE_BACKLOG).0,
+                    steps,
                     prefix,
                 });
                 pools.insert(pool.clone(), Arc::downgrade(&p));
@@ -295,9 +302,19 @@ where
 
     /// Relays a sidecar's notice to every watcher of its pool; whether the pool is watched (a
     /// notice on a pool nobody watches has nobody to tell, and is dropped).
+    /// A step notice is not queued: it replaces its endpoint's pending one (see `Pool::steps`).
     pub fn notify(&self, pool: &PoolRef, notice: Arc<api::Notice>) -> bool {
         let shared = self.inner.pools.lock().get(pool).and_then(Weak::upgrade);
-        shared.is_some_and(|p| p.notices.send((Instant::now(), notice)).is_ok())
+        let Some(p) = shared else {
+            return false;
+        };
+        if matches!(notice.event, Some(api::notice::Event::Step(_))) {
+            p.steps
+                .lock()
+                .insert(notice.addr.clone(), (Instant::now(), notice));
+            return p.notices.receiver_count() > 0;
+        }
+        p.notices.send((Instant::now(), notice)).is_ok()
     }
 
     pub fn metrics(&self) -> &SignalsMetrics {
@@ -352,14 +369,45 @@ struct EndpointTasks {
 /// until the pool moves to another shard than `shard`: then every loop stops and the pool's
 /// state channel closes, which ends its streams (their sidecars ask again, and are refused or
 /// sent to the new shard by their policy).
+/// Moves the pool's pending step notices into its state once per `interval`: one change, so one
+/// wake-up of each watcher, however many steps ended since.
+async fn move_steps(
+    pending: Arc<Mutex<HashMap<String, Relayed>>>,
+    tx: Arc<watch::Sender<PoolState>>,
+    interval: Duration,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let steps = std::mem::take(&mut *pending.lock());
+        if !steps.is_empty() {
+            // Only endpoints of the pool: a notice naming another address is dropped here.
+            tx.send_modify(|s| {
+                for (addr, step) in steps {
+                    if s.endpoints.contains_key(&addr) || s.loads.contains_key(&addr) {
+                        s.steps.insert(addr, step);
+                    }
+                }
+            });
+        }
+    }
+}
+
 async fn follow<P: Probe>(
     mut endpoints: watch::Receiver<PoolEndpoints>,
     tx: watch::Sender<PoolState>,
+    steps: Arc<Mutex<HashMap<String, Relayed>>>,
     reader: Reader<P>,
     kv: Option<(prefix::Source, Arc<PoolPrefix>)>,
     shard: Option<SignalsShard>,
 ) {
     let tx = Arc::new(tx);
+    let _steps = Aborting(tokio::spawn(move_steps(
+        steps,
+        tx.clone(),
+        reader.load_interval,
+    )));
     let mut loops: HashMap<SocketAddr, EndpointTasks> = HashMap::new();
     loop {
         let (current, owner): (Vec<SocketAddr>, _) = {
@@ -391,6 +439,7 @@ async fn follow<P: Probe>(
                 let keep = |a: &String| a.parse::<SocketAddr>().is_ok_and(|a| current.contains(&a));
                 s.endpoints.retain(|a, _| keep(a));
                 s.loads.retain(|a, _| keep(a));
+                s.steps.retain(|a, _| keep(a));
             });
         }
         for addr in current {

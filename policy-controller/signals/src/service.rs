@@ -299,6 +299,8 @@ pub fn updates(
                     if let Some(mut msg) = msg {
                         version += 1;
                         msg.version = version;
+                        // The ring's notices, then the endpoints' newest steps (from the state).
+                        let steps = std::mem::take(&mut msg.notices);
                         msg.notices = notices
                             .into_iter()
                             .map(|(arrived, n)| {
@@ -309,6 +311,7 @@ pub fn updates(
                                     .saturating_add(u64::try_from(held).unwrap_or(u64::MAX));
                                 n
                             })
+                            .chain(steps)
                             .collect();
                         msg.notices_lost = notices_lost;
                         msg.prefix = snapshot;
@@ -492,6 +495,73 @@ mod tests {
         assert_eq!(count("default/glm", "relayed"), 2);
         assert_eq!(count("default/other", "unwatched"), 1);
         assert_eq!(count("", "invalid"), 1);
+    }
+
+    async fn next_update(watch: &mut tonic::Streaming<api::SignalsUpdate>) -> api::SignalsUpdate {
+        tokio::time::timeout(Duration::from_secs(5), watch.message())
+            .await
+            .expect("a message comes")
+            .unwrap()
+            .unwrap()
+    }
+
+    /// Step notices are not queued: each endpoint's newest reaches the watchers, at most once per
+    /// load interval, so fifty steps sent at once arrive as the last of them.
+    #[tokio::test]
+    async fn step_notices_reach_the_watchers_as_each_endpoints_newest() {
+        use kinference_proxy_api::signals::engine_signals_client::EngineSignalsClient;
+        let hub = Hub::new(
+            FakeIndex::new(&[1]),
+            CountingProbe::default(),
+            HubConfig::default(),
+            SignalsMetrics::default(),
+        );
+        let (addr, serve) = SignalsServer::new(hub)
+            .bind("127.0.0.1:0".parse().unwrap(), std::future::pending())
+            .await
+            .unwrap();
+        tokio::spawn(serve);
+        let mut client = EngineSignalsClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let path = "glm.default.inferencepool.kinference.io";
+        let mut watch = client
+            .watch(api::SignalsTarget {
+                path: path.into(),
+                engine: String::new(),
+                kv_events: None,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        // The endpoint read once, so that the pool knows it.
+        while next_update(&mut watch).await.readings.is_empty() {}
+        let step = |id| api::Notice {
+            path: path.into(),
+            addr: "127.0.0.1:1".into(),
+            sender: "a".into(),
+            request_id: id,
+            age_us: 100,
+            event: Some(api::notice::Event::Step(api::Step {})),
+        };
+        let batch = api::NoticeBatch {
+            notices: (0..50).map(step).collect(),
+        };
+        client
+            .notify(tokio_stream::iter([batch]))
+            .await
+            .expect("the service takes the batch");
+        let mut steps = Vec::new();
+        while steps.last() != Some(&49) {
+            steps.extend(
+                next_update(&mut watch)
+                    .await
+                    .notices
+                    .iter()
+                    .map(|n| n.request_id),
+            );
+        }
+        assert_eq!(steps, [49], "only the newest of the fifty");
     }
 
     #[tokio::test]

@@ -454,15 +454,17 @@ pub fn predict(
     // Without a later own token, another proxy's stream may have seen one: its step notices (at
     // most one per `step_report_interval`, from the proxy with the oldest stream there, each
     // marking a token of one of its requests, which counts while that request decodes) time the
-    // step as an own stream does, except that a silence shorter than a decode step plus that
-    // interval may be notices held back: neither a decode step's time nor a long step.
+    // step as an own stream does, except that a silence shorter than a decode step plus twice
+    // that interval may be notices held back (one interval by the sender, about one by the
+    // service, which passes on each endpoint's newest once per load interval): neither a decode
+    // step's time nor a long step.
     let own_step_end = own.last_step_end();
     let reported_step_end = foreign
         .last_step_end()
         .filter(|t| own_step_end.is_none_or(|o| *t > o));
     let last_step_end = reported_step_end.or(own_step_end);
     let report_slack_s =
-        reported_step_end.map_or(0.0, |_| config.step_report_interval.as_secs_f64());
+        reported_step_end.map_or(0.0, |_| 2.0 * config.step_report_interval.as_secs_f64());
     let step_elapsed_s = last_step_end
         .map(|t| now.saturating_since(t).as_secs_f64())
         .filter(|e| *e <= longest_step_s)
