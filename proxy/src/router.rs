@@ -72,21 +72,34 @@ struct State {
 }
 
 impl State {
+    /// The endpoint of `handle` when this router's notices are told (else nothing is looked up).
+    fn told_endpoint(&self, handle: DispatchHandle) -> Option<EndpointId> {
+        self.notices.as_ref()?;
+        self.router.endpoint_of(handle).cloned()
+    }
+
+    /// Taps `notice` on `endpoint` for the signal service: never waited on, a full tap drops it.
+    fn tell(&self, endpoint: EndpointId, notice: Notice, at: Time) {
+        if let Some(tap) = &self.notices {
+            let _ = tap.try_send(OwnNotice {
+                endpoint,
+                notice,
+                at,
+                prompt: None,
+            });
+        }
+    }
+
     /// A streamed token arrived at `at`: an engine step of its endpoint ended then, which times
     /// the step in progress for this router and, when this proxy reports the endpoint's steps
     /// (`kinference_routing::Router::step_notice`), for the others. `endpoint`: the request's,
     /// when notices are told.
     fn token(&mut self, handle: DispatchHandle, at: Time, endpoint: Option<&EndpointId>) {
         let _ = self.router.observe_token(handle, at);
-        if let (Some(tap), Some(endpoint)) = (&self.notices, endpoint)
+        if let Some(endpoint) = endpoint
             && let Some(notice) = self.router.step_notice(handle, at)
         {
-            let _ = tap.try_send(OwnNotice {
-                endpoint: endpoint.clone(),
-                notice,
-                at,
-                prompt: None,
-            });
+            self.tell(endpoint.clone(), notice, at);
         }
     }
 }
@@ -335,26 +348,14 @@ impl RouterHandle {
     ) -> Option<Duration> {
         let at = self.clock.time_of(at);
         let mut st = self.inner.lock();
-        let endpoint = st
-            .notices
-            .is_some()
-            .then(|| st.router.endpoint_of(handle).cloned())
-            .flatten();
+        let endpoint = st.told_endpoint(handle);
         let ttft = st.router.first_token(handle, at).ok()?;
+        if let Some(endpoint) = &endpoint {
+            let id = handle.request_id();
+            st.tell(endpoint.clone(), Notice::FirstToken { id, at }, at);
+        }
         if streamed {
             st.token(handle, at, endpoint.as_ref());
-        }
-        if let (Some(tap), Some(endpoint)) = (&st.notices, endpoint) {
-            let notice = Notice::FirstToken {
-                id: handle.request_id(),
-                at,
-            };
-            let _ = tap.try_send(OwnNotice {
-                endpoint,
-                notice,
-                at,
-                prompt: None,
-            });
         }
         Some(ttft)
     }
@@ -364,11 +365,7 @@ impl RouterHandle {
     pub fn observe_token(&self, handle: DispatchHandle, at: Instant) {
         let at = self.clock.time_of(at);
         let mut st = self.inner.lock();
-        let endpoint = st
-            .notices
-            .is_some()
-            .then(|| st.router.endpoint_of(handle).cloned())
-            .flatten();
+        let endpoint = st.told_endpoint(handle);
         st.token(handle, at, endpoint.as_ref());
     }
 
@@ -430,24 +427,12 @@ impl RouterHandle {
     pub fn complete(&self, handle: DispatchHandle) {
         let now = self.now();
         let mut st = self.inner.lock();
-        let endpoint = st
-            .notices
-            .is_some()
-            .then(|| st.router.endpoint_of(handle).cloned())
-            .flatten();
+        let endpoint = st.told_endpoint(handle);
         if st.router.complete_at(handle, now).is_ok()
-            && let (Some(tap), Some(endpoint)) = (&st.notices, endpoint)
+            && let Some(endpoint) = endpoint
         {
-            let notice = Notice::Complete {
-                id: handle.request_id(),
-                at: now,
-            };
-            let _ = tap.try_send(OwnNotice {
-                endpoint,
-                notice,
-                at: now,
-                prompt: None,
-            });
+            let id = handle.request_id();
+            st.tell(endpoint, Notice::Complete { id, at: now }, now);
         }
     }
 
@@ -603,9 +588,12 @@ mod tests {
         tokio::time::advance(Duration::from_millis(500)).await;
         a.first_token(h, Instant::now(), true).unwrap();
         relay(&mut rx);
+        // The streamed first token ended a step, and `a` has the only stream there: a step notice.
+        let step = rx.try_recv().expect("a step notice");
+        assert!(matches!(step.notice, Notice::Step { .. }), "{step:?}");
         a.complete(h);
         relay(&mut rx);
-        assert!(rx.try_recv().is_err(), "three notices, no more");
+        assert!(rx.try_recv().is_err(), "four notices, no more");
         let after = predicted(&b);
         assert!(after < queued, "{after} against {queued}");
     }

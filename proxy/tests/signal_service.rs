@@ -473,6 +473,19 @@ async fn an_engine_change_reaches_the_sidecars() {
     );
 }
 
+/// The local stack and three proxies reading through its signal service, each answered once.
+async fn three_through_the_service() -> (Stack, Vec<(Proxy, ProxyClient)>) {
+    let stack = start_stack().await;
+    let signals = stack
+        .controller
+        .signals
+        .expect("the controller serves signals");
+    let mesh = spawn_mesh(&stack, 3, &[signals]).await;
+    wait_for_source(&mesh, stack.sims.len(), "service", Duration::from_secs(30)).await;
+    answered_by_all(&mesh, "warm").await;
+    (stack, mesh)
+}
+
 /// Other proxies' requests pending on all endpoints, as `c`'s notices show them.
 async fn others_pending(c: &ProxyClient) -> u64 {
     c.endpoints()
@@ -488,14 +501,7 @@ async fn others_pending(c: &ProxyClient) -> u64 {
 /// holding it (both hold the sender's own decision, and each poll's 1 ms sleep).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dispatch_reaches_the_other_sidecars() {
-    let stack = start_stack().await;
-    let signals = stack
-        .controller
-        .signals
-        .expect("the controller serves signals");
-    let mesh = spawn_mesh(&stack, 3, &[signals]).await;
-    wait_for_source(&mesh, stack.sims.len(), "service", Duration::from_secs(30)).await;
-    answered_by_all(&mesh, "warm").await;
+    let (stack, mesh) = three_through_the_service().await;
     let (sender, others) = (&mesh[0].1, &mesh[1..]);
     let http = reqwest::Client::new();
     let (mut seen_ms, mut engine_ms, mut after_engine_ms) = (Vec::new(), Vec::new(), Vec::new());
@@ -564,14 +570,7 @@ async fn a_dispatch_reaches_the_other_sidecars() {
 /// steps, is told none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stream_tells_the_other_sidecars_when_its_engine_steps_end() {
-    let stack = start_stack().await;
-    let signals = stack
-        .controller
-        .signals
-        .expect("the controller serves signals");
-    let mesh = spawn_mesh(&stack, 3, &[signals]).await;
-    wait_for_source(&mesh, stack.sims.len(), "service", Duration::from_secs(30)).await;
-    answered_by_all(&mesh, "warm").await;
+    let (_stack, mesh) = three_through_the_service().await;
     let (sender, others) = (&mesh[0].1, &mesh[1..]);
     let body = json!({
         "model": "glm-5.3",

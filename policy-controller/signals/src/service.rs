@@ -409,33 +409,9 @@ mod tests {
     /// they waited; a notice on a pool nobody watches, or on no pool, is counted and dropped.
     #[tokio::test]
     async fn notices_are_relayed_to_the_pools_watchers() {
-        use kinference_proxy_api::signals::engine_signals_client::EngineSignalsClient;
-        let index = FakeIndex::new(&[1]);
         let metrics = SignalsMetrics::default();
-        let hub = Hub::new(
-            index.clone(),
-            CountingProbe::default(),
-            HubConfig::default(),
-            metrics.clone(),
-        );
-        let (addr, serve) = SignalsServer::new(hub)
-            .bind("127.0.0.1:0".parse().unwrap(), std::future::pending())
-            .await
-            .unwrap();
-        tokio::spawn(serve);
-        let mut client = EngineSignalsClient::connect(format!("http://{addr}"))
-            .await
-            .unwrap();
-        let path = "glm.default.inferencepool.kinference.io";
-        let mut watch = client
-            .watch(api::SignalsTarget {
-                path: path.into(),
-                engine: String::new(),
-                kv_events: None,
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let (mut client, mut watch) = served_and_watched(metrics.clone()).await;
+        let path = GLM_PATH;
         assert!(watch.message().await.unwrap().unwrap().full);
         let notice = |path: &str, id| api::Notice {
             path: path.into(),
@@ -497,6 +473,45 @@ mod tests {
         assert_eq!(count("", "invalid"), 1);
     }
 
+    const GLM_PATH: &str = "glm.default.inferencepool.kinference.io";
+
+    /// A service over one pool (`glm`, one endpoint) on loopback, a client of it, and that
+    /// client's watch of the pool.
+    async fn served_and_watched(
+        metrics: SignalsMetrics,
+    ) -> (
+        kinference_proxy_api::signals::engine_signals_client::EngineSignalsClient<
+            tonic::transport::Channel,
+        >,
+        tonic::Streaming<api::SignalsUpdate>,
+    ) {
+        use kinference_proxy_api::signals::engine_signals_client::EngineSignalsClient;
+        let hub = Hub::new(
+            FakeIndex::new(&[1]),
+            CountingProbe::default(),
+            HubConfig::default(),
+            metrics,
+        );
+        let (addr, serve) = SignalsServer::new(hub)
+            .bind("127.0.0.1:0".parse().unwrap(), std::future::pending())
+            .await
+            .unwrap();
+        tokio::spawn(serve);
+        let mut client = EngineSignalsClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let watch = client
+            .watch(api::SignalsTarget {
+                path: GLM_PATH.into(),
+                engine: String::new(),
+                kv_events: None,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        (client, watch)
+    }
+
     async fn next_update(watch: &mut tonic::Streaming<api::SignalsUpdate>) -> api::SignalsUpdate {
         tokio::time::timeout(Duration::from_secs(5), watch.message())
             .await
@@ -509,31 +524,8 @@ mod tests {
     /// load interval, so fifty steps sent at once arrive as the last of them.
     #[tokio::test]
     async fn step_notices_reach_the_watchers_as_each_endpoints_newest() {
-        use kinference_proxy_api::signals::engine_signals_client::EngineSignalsClient;
-        let hub = Hub::new(
-            FakeIndex::new(&[1]),
-            CountingProbe::default(),
-            HubConfig::default(),
-            SignalsMetrics::default(),
-        );
-        let (addr, serve) = SignalsServer::new(hub)
-            .bind("127.0.0.1:0".parse().unwrap(), std::future::pending())
-            .await
-            .unwrap();
-        tokio::spawn(serve);
-        let mut client = EngineSignalsClient::connect(format!("http://{addr}"))
-            .await
-            .unwrap();
-        let path = "glm.default.inferencepool.kinference.io";
-        let mut watch = client
-            .watch(api::SignalsTarget {
-                path: path.into(),
-                engine: String::new(),
-                kv_events: None,
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let (mut client, mut watch) = served_and_watched(SignalsMetrics::default()).await;
+        let path = GLM_PATH;
         // The endpoint read once, so that the pool knows it.
         while next_update(&mut watch).await.readings.is_empty() {}
         let step = |id| api::Notice {
