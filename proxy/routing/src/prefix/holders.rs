@@ -9,7 +9,10 @@
 //! chunk held by up to 64 endpoints. (A hash map of a 128-bit mask and a vector per chunk cost 64
 //! bytes a bucket.)
 
-use super::{BlockHash, stamped::mix};
+use super::{
+    BlockHash,
+    stamped::{mix, stays_put},
+};
 
 /// The first table.
 const MIN_SLOTS: usize = 64;
@@ -167,11 +170,7 @@ impl Holders {
             }
             let home = self.home(self.key(j));
             // The entry at j may fill the hole unless its home lies cyclically in (hole, j].
-            let stays = if hole <= j {
-                hole < home && home <= j
-            } else {
-                hole < home || home <= j
-            };
+            let stays = stays_put(hole, j, home);
             if !stays {
                 self.table
                     .copy_within(j * stride..(j + 1) * stride, hole * stride);

@@ -11,7 +11,10 @@
 //! well before they are the oldest). The table starts small and doubles as it fills, up to its
 //! capacity's size, since an endpoint may be sent far fewer prompts than its cache holds.
 
-use super::{BlockHash, stamped::mix};
+use super::{
+    BlockHash,
+    stamped::{mix, slots_for, stays_put},
+};
 
 /// No slot: the end of the recency list.
 const NIL: u32 = u32::MAX;
@@ -41,11 +44,6 @@ pub(crate) struct LruTable {
     tail: u32,
     len: usize,
     capacity: usize,
-}
-
-/// Slots for `capacity` entries at most 80 % full.
-fn slots_for(capacity: usize) -> usize {
-    (capacity.saturating_mul(5) / 4).max(capacity + 1).max(8)
 }
 
 impl LruTable {
@@ -236,11 +234,7 @@ impl LruTable {
             }
             let home = self.home(e.key);
             // The entry at j may fill the hole unless its home lies cyclically in (hole, j].
-            let stays = if hole <= j {
-                hole < home && home <= j
-            } else {
-                hole < home || home <= j
-            };
+            let stays = stays_put(hole, j, home);
             if !stays {
                 self.entries[hole] = e;
                 match e.prev {

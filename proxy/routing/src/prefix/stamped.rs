@@ -32,8 +32,8 @@ pub(crate) struct StampedSet {
     rng: u64,
 }
 
-/// Slots for `capacity` entries at most 80 % full.
-fn slots_for(capacity: usize) -> usize {
+/// Slots for `capacity` entries at most 80 % full (the approximate index's records use it too).
+pub(super) fn slots_for(capacity: usize) -> usize {
     (capacity.saturating_mul(5) / 4).max(capacity + 1).max(8)
 }
 
@@ -43,6 +43,17 @@ fn slots_for(capacity: usize) -> usize {
 pub(super) fn mix(h: u64) -> u64 {
     let h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^ (h >> 33)
+}
+
+/// Backward-shift deletion's test, shared by the flat tables: the entry at `j`, whose home slot
+/// is `home`, must stay where it is (not move into the hole at `hole`) when its home lies
+/// cyclically in `(hole, j]`.
+pub(super) fn stays_put(hole: usize, j: usize, home: usize) -> bool {
+    if hole <= j {
+        hole < home && home <= j
+    } else {
+        hole < home || home <= j
+    }
 }
 
 impl StampedSet {
@@ -178,11 +189,7 @@ impl StampedSet {
             }
             let home = self.home(k);
             // The entry at j may fill the hole unless its home lies cyclically in (hole, j].
-            let stays = if hole <= j {
-                hole < home && home <= j
-            } else {
-                hole < home || home <= j
-            };
+            let stays = stays_put(hole, j, home);
             if !stays {
                 self.keys[hole] = k;
                 self.stamps[hole] = self.stamps[j];
