@@ -946,17 +946,19 @@ impl Router {
             self.config.predict.step_report_interval,
         );
         let st = self.handle_state(handle).ok().filter(|_| on)?;
+        // The interval first: it is one comparison, the election a walk of both ledgers, and
+        // this runs at every streamed token.
+        if st
+            .step_reported_at
+            .is_some_and(|t| at <= t || at.saturating_since(t) < interval)
+        {
+            return None;
+        }
         let own_oldest = st.inflight.oldest_decoding_dispatch(true)?;
         if st
             .foreign
             .oldest_decoding_dispatch(false)
             .is_some_and(|t| t < own_oldest)
-        {
-            return None;
-        }
-        if st
-            .step_reported_at
-            .is_some_and(|t| at <= t || at.saturating_since(t) < interval)
         {
             return None;
         }
